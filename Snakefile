@@ -1,0 +1,42 @@
+# asrflow: corpus → data dirs → features (→ GMM-HMM → neural AMs → decode → score).
+# Rules say what runs; profiles (cluster/) say where. Run the default experiment with
+#   snakemake --cores all
+# and another with --configfile config/experiments/<name>.yaml.
+from asrflow.workflow import (
+    pipeline_finished,
+    pipeline_started,
+    results_dir,
+    setup_workflow,
+    stage_fingerprint,
+)
+
+
+configfile: f"{workflow.basedir}/config/config.yaml"
+
+
+# Validate against workflow/schemas/, fill defaults, write results/<exp>/config.yaml.
+config, RESOLVED = setup_workflow(config)
+RESULTS = results_dir(config)
+
+
+include: "rules/data.smk"
+include: "rules/features.smk"
+
+
+rule all:
+    input:
+        f"{RESULTS}/data",
+        expand(f"{RESULTS}/features/{{kind}}", kind=config["features"]["kinds"]),
+    default_target: True
+
+
+onstart:
+    pipeline_started(config)
+
+
+onsuccess:
+    pipeline_finished(config, ok=True)
+
+
+onerror:
+    pipeline_finished(config, ok=False)

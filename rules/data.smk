@@ -1,0 +1,21 @@
+# Corpus import: recipe → validation on Dask → Kaldi data dirs + rejection report.
+
+
+rule data:
+    output:
+        directory(f"{RESULTS}/data"),
+    params:
+        config=RESOLVED,
+        # Reruns when these sections change (the resolved config file itself is not an input).
+        fingerprint=stage_fingerprint(config, "data"),
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+    log:
+        f"{RESULTS}/logs/data.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/data.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow data --config {params.config} --out {output} --workers {threads} > {log} 2>&1"

@@ -1,0 +1,148 @@
+"""The ``asrflow`` command line: a thin layer over the library, one sub-command per stage.
+
+Snakemake rules call these; each prints a clear ``asrflow: error: ...`` line (and exits
+non-zero) for the faults a user can make, instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from asrflow.config import ConfigError, load_config, write_resolved
+
+EXIT_USAGE = 2
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _load(args: argparse.Namespace) -> dict[str, Any]:
+    return load_config(*args.config)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if args.out:
+        write_resolved(config, args.out)
+        _log(f"resolved config written to {args.out}")
+    else:
+        print(json.dumps(config, indent=2))
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.data.stage import prepare_data
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, "data", resolved_config=args.config[-1]) as run:
+        with dask_client(config["dask"], args.workers, log=_log) as client:
+            summary = prepare_data(config, args.out, client, log=_log)
+        out = Path(args.out)
+        run.log_metrics({
+            "utterances": summary.utterances, "hours": summary.hours, "rejected": summary.rejected,
+            "wall_seconds": summary.wall_seconds, "x_real_time": summary.x_real_time,
+            **{f"split.{k}.utterances": v["utterances"] for k, v in summary.splits.items()},
+            **{f"rejected.{k.replace(' ', '_')}": v for k, v in summary.rejected_by_reason.items()},
+        })
+        run.set_tags({"asrflow.corpus": summary.corpus, "asrflow.corpus_fingerprint": summary.fingerprint})
+        run.log_artifact(out / "report.tsv")
+        run.log_artifact(out / "manifest.json")
+    return 0
+
+
+def cmd_features(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.features.stage import extract_features
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    workers = config["dask"]["workers"] or args.workers or 1
+    with stage_run(config, f"features-{args.kind}", resolved_config=args.config[-1]) as run:
+        with dask_client(config["dask"], workers, log=_log) as client:
+            summary = extract_features(config, args.data, args.kind, args.out, client, workers, log=_log)
+        data_manifest = json.loads((Path(args.data) / "manifest.json").read_text(encoding="utf-8"))
+        run.set_tags({"asrflow.corpus_fingerprint": data_manifest["fingerprint"]})
+        run.log_metrics({
+            "utterances": summary.utterances, "hours": summary.audio_hours, "frames": summary.frames,
+            "rejected": summary.failed, "wall_seconds": summary.wall_seconds,
+            "x_real_time": summary.x_real_time, "workers": summary.workers, "dim": summary.dim,
+        })
+        out = Path(args.out)
+        run.log_artifact(out / "manifest.json")
+        run.log_artifact(out / "report.tsv")
+        for split in data_manifest["splits"]:
+            run.log_artifact(out / split / "cmvn.ark", f"cmvn/{split}")
+    return 0
+
+
+def cmd_bench_features(args: argparse.Namespace) -> int:
+    from asrflow.features.bench import run_benchmark
+
+    config = _load(args)
+    report = run_benchmark(config, args.data, [int(w) for w in args.workers.split(",")], args.out,
+                           repeats=args.repeats, log=_log)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asrflow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", "-c", nargs="+", required=True, metavar="YAML",
+                       help="config files; later ones overlay earlier ones")
+        return p
+
+    p = with_config(sub.add_parser("config", help="validate a config and print or write it resolved"))
+    p.add_argument("--out", help="write the resolved config here instead of printing it")
+    p.set_defaults(func=cmd_config)
+
+    p = with_config(sub.add_parser("data", help="import a corpus into validated Kaldi data dirs"))
+    p.add_argument("--out", required=True, help="output folder (results/<exp>/data)")
+    p.add_argument("--workers", type=int, default=None, help="Dask workers when dask.workers is null")
+    p.set_defaults(func=cmd_data)
+
+    p = with_config(sub.add_parser("features", help="extract one feature kind on Dask"))
+    p.add_argument("--data", required=True, help="data stage folder (results/<exp>/data)")
+    p.add_argument("--kind", required=True, choices=["mfcc", "fbank"])
+    p.add_argument("--out", required=True, help="output folder (results/<exp>/features/<kind>)")
+    p.add_argument("--workers", type=int, default=None, help="Dask workers when dask.workers is null")
+    p.set_defaults(func=cmd_features)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    p = with_config(bench.add_parser("features", help="feature x-real-time vs workers and kaldi-native-fbank"))
+    p.add_argument("--data", required=True, help="data stage folder")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is kept)")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.set_defaults(func=cmd_bench_features)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from asrflow.corpus import CorpusError
+    from asrflow.corpus.download import DownloadError
+    from asrflow.data.audio import AudioError
+    from asrflow.data.datadir import DataDirError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"asrflow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CorpusError, DownloadError, DataDirError, AudioError, FileNotFoundError) as exc:
+        print(f"asrflow: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Experiment configuration: load YAML, merge overlays, validate against the schema, fill defaults."""
+
+from asrflow.config.schema import (
+    ConfigError,
+    load_config,
+    resolve_config,
+    schema_path,
+    section_fingerprint,
+    write_resolved,
+)
+
+__all__ = [
+    "ConfigError",
+    "load_config",
+    "resolve_config",
+    "schema_path",
+    "section_fingerprint",
+    "write_resolved",
+]

@@ -1,0 +1,145 @@
+"""Validate a config against ``workflow/schemas/config.schema.yaml`` and fill its defaults.
+
+Errors name the offending key by its dotted path (``features.mfcc.num_ceps``) and, for an
+unknown key, suggest the closest known one, so a typo never turns into a traceback or a
+silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the problem."""
+
+
+def schema_path() -> Path:
+    """Path of the JSON schema (YAML-encoded) shipped in ``workflow/schemas/``."""
+    return _REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _load_schema(path: Path | None = None) -> dict[str, Any]:
+    path = path or schema_path()
+    if not path.is_file():
+        raise ConfigError(f"config schema not found at {path}")
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _fill_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
+    """Recursively set ``default`` values of missing properties (objects only)."""
+    if not isinstance(instance, dict):
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(instance[key], sub)
+
+
+def _dotted(path: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _explain(error: jsonschema.ValidationError, schema: Mapping[str, Any]) -> str:
+    where = _dotted(error.absolute_path)
+    if error.validator == "additionalProperties":
+        known = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(known))
+        parts = []
+        for key in extra:
+            full = key if where == "<top level>" else f"{where}.{key}"
+            hint = difflib.get_close_matches(key, known, n=1)
+            suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+            parts.append(f"unknown config key '{full}'{suggestion}; known keys here: {', '.join(known)}")
+        return "; ".join(parts)
+    if error.validator == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        base = "" if where == "<top level>" else f"{where}."
+        return "; ".join(f"missing required config key '{base}{k}'" for k in missing)
+    return f"config key '{where}': {error.message}"
+
+
+def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overlay`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> dict[str, Any]:
+    """Return a validated copy of ``raw`` with every default filled in.
+
+    Raises:
+        ConfigError: naming each unknown key, wrong type or missing required value.
+    """
+    schema = _load_schema(schema_file)
+    config = copy.deepcopy(dict(raw or {}))
+    _fill_defaults(config, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(_explain(e, schema) for e in errors))
+    if config["audio"]["min_duration"] >= config["audio"]["max_duration"]:
+        raise ConfigError("config key 'audio.min_duration' must be below 'audio.max_duration'")
+    return config
+
+
+def load_config(*paths: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Load YAML files (later ones overlay earlier ones), apply ``overrides``, resolve."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        merged = merge(merged, data)
+    if overrides:
+        merged = merge(merged, overrides)
+    return resolve_config(merged)
+
+
+def section_fingerprint(config: Mapping[str, Any], *keys: str) -> str:
+    """A short stable hash of some config sections (Snakemake params use it to rerun what changed)."""
+    parts = {k: config.get(k) for k in keys}
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def write_resolved(config: Mapping[str, Any], path: str | Path) -> bool:
+    """Write the resolved config as YAML, only if its content changed (keeps mtimes stable).
+
+    Returns True when the file was (re)written.
+    """
+    path = Path(path)
+    text = "# resolved by asrflow (schema defaults filled); do not edit, edit config/ instead\n"
+    text += yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return True

@@ -1,0 +1,93 @@
+"""The Kaldi data-dir contract: ``wav.scp``, ``text``, ``utt2spk``, ``spk2utt``, ``utt2dur``,
+``segments`` (only when utterances are parts of recordings) and ``utt2sr`` (the source
+sample rate, so the features stage knows what to resample).
+
+Files are sorted in C-locale order (Python string order), one ``key value`` per line, UTF-8.
+A ``wav.scp`` value is the rest of its line, so paths with spaces or quotes survive.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from asrflow.data.validate import Utterance
+
+FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2dur", "utt2sr")
+
+
+class DataDirError(ValueError):
+    """A data dir is missing a file or its files disagree."""
+
+
+def _write_table(path: Path, rows: Iterable[tuple[str, str]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+        for key, value in rows:
+            out.write(f"{key} {value}\n")
+    tmp.replace(path)
+
+
+def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
+    """Write a Kaldi data dir for ``utterances`` (sorted by id)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    utts = sorted(utterances, key=lambda u: u.utt_id)
+    segmented = any(u.start is not None for u in utts)
+    recordings = sorted({u.recording: u.audio for u in utts}.items())
+    _write_table(folder / "wav.scp", recordings)
+    _write_table(folder / "text", ((u.utt_id, u.text) for u in utts))
+    _write_table(folder / "utt2spk", ((u.utt_id, u.speaker) for u in utts))
+    spk2utt: dict[str, list[str]] = defaultdict(list)
+    for u in utts:
+        spk2utt[u.speaker].append(u.utt_id)
+    _write_table(folder / "spk2utt", ((s, " ".join(us)) for s, us in sorted(spk2utt.items())))
+    _write_table(folder / "utt2dur", ((u.utt_id, f"{u.duration:.4f}") for u in utts))
+    _write_table(folder / "utt2sr", ((u.utt_id, str(u.sample_rate)) for u in utts))
+    if segmented:
+        _write_table(
+            folder / "segments",
+            ((u.utt_id, f"{u.recording} {u.start or 0.0:.3f} {u.end if u.end is not None else -1}")
+             for u in utts),
+        )
+    elif (folder / "segments").exists():
+        (folder / "segments").unlink()
+
+
+def _read_table(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        raise DataDirError(f"{path} is missing")
+    table = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            parts = line.rstrip("\n").split(" ", 1)
+            if not parts[0]:
+                continue
+            table[parts[0]] = parts[1] if len(parts) > 1 else ""
+    return table
+
+
+def read_data_dir(folder: str | Path) -> list[Utterance]:
+    """Read a data dir written by :func:`write_data_dir` back into utterances."""
+    folder = Path(folder)
+    wavs = _read_table(folder / "wav.scp")
+    text = _read_table(folder / "text")
+    spk = _read_table(folder / "utt2spk")
+    dur = _read_table(folder / "utt2dur")
+    rate = _read_table(folder / "utt2sr")
+    segments = _read_table(folder / "segments") if (folder / "segments").is_file() else {}
+    out = []
+    for utt in sorted(text):
+        if utt not in spk or utt not in dur:
+            raise DataDirError(f"{folder}: utterance {utt} is missing from utt2spk or utt2dur")
+        if segments:
+            rec, start, end = segments[utt].split()
+            start_s, end_s = float(start), (None if float(end) < 0 else float(end))
+        else:
+            rec, start_s, end_s = utt, None, None
+        if rec not in wavs:
+            raise DataDirError(f"{folder}: recording {rec} of {utt} is missing from wav.scp")
+        out.append(Utterance(utt, spk[utt], wavs[rec], text[utt], float(dur[utt]), int(rate[utt]),
+                             rec, start_s, end_s))
+    return out

@@ -1,0 +1,132 @@
+"""Validate utterances: every fault is a reported rejection, never a crash or a silent loss.
+
+Checks, with the reason each writes to the report:
+
+* listing faults found by the recipe (non-UTF-8 transcript line, unparsable name, ...);
+* duplicate utterance id (the first one is kept);
+* no transcript; transcript empty after normalisation;
+* audio: missing file, empty file, not decodable, truncated WAV, no samples, unreadable
+  sample rate, duration outside ``[audio.min_duration, audio.max_duration]``, segment
+  outside the recording.
+
+Audio checks are pure functions of one utterance, so the data stage can run them as Dask
+tasks over shards; text checks run on the driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from asrflow.corpus.base import RawUtterance
+from asrflow.data.audio import AudioError, is_pipe, read_audio, wav_truncation
+from asrflow.text import normalize_text
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """A validated utterance, as written to a Kaldi data dir."""
+
+    utt_id: str
+    speaker: str
+    audio: str
+    text: str
+    duration: float
+    sample_rate: int
+    recording: str
+    start: float | None = None
+    end: float | None = None
+    checksum: str = ""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """An utterance (or file) left out, and why."""
+
+    utt_id: str
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class AudioCheck:
+    """Result of checking one utterance's audio (picklable: runs on Dask workers)."""
+
+    utt_id: str
+    ok: bool
+    reason: str = ""
+    duration: float = 0.0
+    sample_rate: int = 0
+    checksum: str = ""
+
+
+def check_audio(raw: RawUtterance, min_duration: float, max_duration: float) -> AudioCheck:
+    """Decode one utterance's audio fully and check it; never raises."""
+    utt = raw.utt_id
+    try:
+        if not is_pipe(raw.audio):
+            path = Path(raw.audio)
+            if not path.is_file():
+                return AudioCheck(utt, False, "audio file not found")
+            if path.stat().st_size == 0:
+                return AudioCheck(utt, False, "audio file is empty (0 bytes)")
+            truncated = wav_truncation(path)
+            if truncated:
+                return AudioCheck(utt, False, truncated)
+            checksum = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            checksum = hashlib.sha256(raw.audio.encode()).hexdigest()
+        samples, rate = read_audio(raw.audio, raw.start, raw.end)
+    except AudioError as exc:
+        return AudioCheck(utt, False, str(exc))
+    except OSError as exc:
+        return AudioCheck(utt, False, f"cannot read audio: {exc}")
+    if rate <= 0:
+        return AudioCheck(utt, False, f"unreadable sample rate {rate}")
+    if samples.size == 0:
+        if raw.start is not None:
+            return AudioCheck(utt, False, f"segment {raw.start}-{raw.end} s lies outside the recording")
+        return AudioCheck(utt, False, "audio has no samples")
+    duration = samples.size / rate
+    if raw.end is not None and raw.start is not None and duration + 1.0 / rate < raw.end - raw.start - 0.01:
+        return AudioCheck(utt, False, f"segment end {raw.end} s is past the end of the recording")
+    if duration < min_duration:
+        return AudioCheck(utt, False, f"duration {duration:.3f} s is below audio.min_duration {min_duration} s")
+    if duration > max_duration:
+        return AudioCheck(utt, False, f"duration {duration:.3f} s is above audio.max_duration {max_duration} s")
+    return AudioCheck(utt, True, duration=duration, sample_rate=rate, checksum=checksum)
+
+
+def check_audio_batch(raws: list[RawUtterance], min_duration: float, max_duration: float) -> list[AudioCheck]:
+    """:func:`check_audio` over a shard (one Dask task)."""
+    return [check_audio(r, min_duration, max_duration) for r in raws]
+
+
+def check_text(raws: list[RawUtterance], lang: str) -> tuple[dict[str, str], list[Rejection]]:
+    """Listing faults, duplicate ids and transcripts; returns normalised text per kept id."""
+    texts: dict[str, str] = {}
+    rejected: list[Rejection] = []
+    first_seen: dict[str, str] = {}
+    for raw in raws:
+        if raw.utt_id in first_seen:
+            rejected.append(Rejection(raw.utt_id, raw.audio,
+                                      f"duplicate utterance id (first: {first_seen[raw.utt_id]})"))
+            continue
+        first_seen[raw.utt_id] = raw.source or raw.audio
+        if raw.problem:
+            rejected.append(Rejection(raw.utt_id, raw.audio, raw.problem))
+            continue
+        if any(ch.isspace() for ch in raw.utt_id) or not raw.utt_id:
+            rejected.append(Rejection(raw.utt_id, raw.audio, "utterance id is empty or has whitespace"))
+            continue
+        if raw.text is None:
+            rejected.append(Rejection(raw.utt_id, raw.audio, "no transcript"))
+            continue
+        text = normalize_text(raw.text, lang)
+        if not text:
+            rejected.append(Rejection(raw.utt_id, raw.audio,
+                                      f"transcript empty after normalisation: {raw.text!r}"))
+            continue
+        texts[raw.utt_id] = text
+    return texts, rejected

@@ -1,0 +1,89 @@
+"""Kaldi binary archives (``ark``) and their index (``scp``), readable by kaldiio and Kaldi.
+
+A float matrix is written as ``<key> \\0B FM \\4<rows:int32>\\4<cols:int32><float32 data>``
+(``DM`` and float64 for double matrices); the ``scp`` line ``<key> <ark>:<offset>`` points
+at the ``\\0B`` marker. Archives are written to a temporary name and renamed into place,
+so a crashed writer never leaves a half archive under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+
+def matrix_bytes(matrix: np.ndarray) -> bytes:
+    """Kaldi's binary encoding of a 2-D float32 (``FM``) or float64 (``DM``) matrix."""
+    if matrix.ndim != 2:
+        raise ValueError(f"expected a matrix, got shape {matrix.shape}")
+    if matrix.dtype == np.float64:
+        tag, data = b"DM ", np.ascontiguousarray(matrix, dtype="<f8")
+    else:
+        tag, data = b"FM ", np.ascontiguousarray(matrix, dtype="<f4")
+    rows, cols = data.shape
+    return b"\0B" + tag + b"\x04" + struct.pack("<i", rows) + b"\x04" + struct.pack("<i", cols) + data.tobytes()
+
+
+def write_ark(path: str | Path, items: Iterable[tuple[str, np.ndarray]], scp_name: str | None = None) -> list[str]:
+    """Write ``(key, matrix)`` pairs to ``path`` atomically; return the scp lines.
+
+    ``scp_name`` is the archive name written into the scp lines (default: ``str(path)``).
+    """
+    path = Path(path)
+    name = scp_name or str(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    lines = []
+    try:
+        with open(tmp, "wb") as out:
+            for key, matrix in items:
+                if not key or any(c.isspace() for c in key):
+                    raise ValueError(f"ark key {key!r} is empty or has whitespace")
+                out.write(key.encode("utf-8") + b" ")
+                lines.append(f"{key} {name}:{out.tell()}")
+                out.write(matrix_bytes(matrix))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return lines
+
+
+def write_text_atomic(path: str | Path, lines: Iterable[str]) -> None:
+    """Write lines (newline-terminated) to ``path`` via a temporary file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+        for line in lines:
+            out.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def read_scp(path: str | Path) -> dict[str, str]:
+    """``key → ark:offset`` from an scp file."""
+    table = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            key, _, value = line.rstrip("\n").partition(" ")
+            if key:
+                table[key] = value
+    return table
+
+
+def load(value: str) -> np.ndarray:
+    """Load one matrix from an scp value ``<ark>:<offset>`` (via kaldiio)."""
+    import kaldiio
+
+    return np.asarray(kaldiio.load_mat(value))
+
+
+def iter_scp(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Iterate ``(key, matrix)`` over an scp file in file order."""
+    for key, value in read_scp(path).items():
+        yield key, load(value)

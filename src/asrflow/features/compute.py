@@ -1,0 +1,221 @@
+"""Kaldi-compatible MFCC and log-mel filterbank features, vectorised over many frames.
+
+Follows Kaldi's ``compute-mfcc-feats`` / ``compute-fbank-feats`` step by step, so the
+output matches kaldi-native-fbank (see docs/benchmarks.md for the measured agreement):
+
+framing (``snip_edges``) → dither → DC removal → raw log energy → pre-emphasis → window
+(povey, hamming, hann, rectangular) → zero-pad to a power of two → power spectrum →
+triangular mel bank built on Kaldi's mel scale (1127 ln(1 + f/700)) → log (floored at
+float32 epsilon) → [MFCC: orthonormal DCT-II, cepstral liftering, C0 replaced by log energy].
+
+Samples are on the int16 scale, as in Kaldi. Frames of many utterances are processed in one
+batch (one FFT call per block), which is what makes short utterances fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.fft
+
+EPS = float(np.finfo(np.float32).eps)
+BLOCK_FRAMES = 8192
+
+
+@dataclass(frozen=True)
+class FeatureOptions:
+    """Options of one feature kind at one sample rate (hashable: caches mel banks)."""
+
+    kind: str
+    sample_rate: int
+    frame_length_ms: float = 25.0
+    frame_shift_ms: float = 10.0
+    dither: float = 1.0
+    preemphasis: float = 0.97
+    remove_dc_offset: bool = True
+    window: str = "povey"
+    low_freq: float = 20.0
+    high_freq: float = 0.0
+    snip_edges: bool = True
+    num_mel_bins: int = 23
+    num_ceps: int = 13
+    cepstral_lifter: float = 22.0
+    use_energy: bool = True
+
+    @classmethod
+    def from_config(cls, features: dict[str, Any], kind: str, sample_rate: int) -> "FeatureOptions":
+        common = {k: features[k] for k in ("frame_length_ms", "frame_shift_ms", "dither", "preemphasis",
+                                           "remove_dc_offset", "window", "low_freq", "high_freq", "snip_edges")}
+        return cls(kind=kind, sample_rate=sample_rate, **common, **features[kind])
+
+    @property
+    def frame_length(self) -> int:
+        return int(self.sample_rate * 0.001 * self.frame_length_ms + 1e-6)
+
+    @property
+    def frame_shift(self) -> int:
+        return int(self.sample_rate * 0.001 * self.frame_shift_ms + 1e-6)
+
+    @property
+    def fft_size(self) -> int:
+        return 1 << max(0, (self.frame_length - 1).bit_length())
+
+    @property
+    def dim(self) -> int:
+        if self.kind == "mfcc":
+            return self.num_ceps
+        return self.num_mel_bins + (1 if self.use_energy else 0)
+
+
+def mel_scale(freq: np.ndarray | float) -> np.ndarray:
+    """Kaldi's mel scale."""
+    return 1127.0 * np.log(1.0 + np.asarray(freq, dtype=np.float64) / 700.0)
+
+
+@functools.lru_cache(maxsize=32)
+def mel_banks(opts: FeatureOptions) -> np.ndarray:
+    """Triangular filters, shape (num_mel_bins, fft_size // 2 + 1); the Nyquist bin stays zero."""
+    nyquist = 0.5 * opts.sample_rate
+    high = opts.high_freq if opts.high_freq > 0 else nyquist + opts.high_freq
+    if not 0 <= opts.low_freq < high <= nyquist:
+        raise ValueError(f"mel bank edges low_freq={opts.low_freq} high_freq={high} do not fit "
+                         f"the Nyquist frequency {nyquist} Hz")
+    n_fft_bins = opts.fft_size // 2
+    mel_low, mel_high = mel_scale(opts.low_freq), mel_scale(high)
+    delta = (mel_high - mel_low) / (opts.num_mel_bins + 1)
+    mel = mel_scale(np.arange(n_fft_bins) * opts.sample_rate / opts.fft_size)
+    left = mel_low + delta * np.arange(opts.num_mel_bins)[:, None]
+    center, right = left + delta, left + 2 * delta
+    up = (mel - left) / (center - left)
+    down = (right - mel) / (right - center)
+    weights = np.where(mel <= center, up, down)
+    weights = np.where((mel > left) & (mel < right), weights, 0.0)
+    banks = np.zeros((opts.num_mel_bins, n_fft_bins + 1), dtype=np.float32)
+    banks[:, :n_fft_bins] = weights
+    return banks
+
+
+@functools.lru_cache(maxsize=32)
+def window_function(name: str, length: int) -> np.ndarray:
+    """Kaldi's analysis windows (``povey`` is a Hann window raised to 0.85)."""
+    n = np.arange(length, dtype=np.float64)
+    a = 2 * np.pi / (length - 1) if length > 1 else 0.0
+    if name == "povey":
+        w = (0.5 - 0.5 * np.cos(a * n)) ** 0.85
+    elif name == "hamming":
+        w = 0.54 - 0.46 * np.cos(a * n)
+    elif name == "hann":
+        w = 0.5 - 0.5 * np.cos(a * n)
+    elif name == "rectangular":
+        w = np.ones(length)
+    else:
+        raise ValueError(f"unknown window {name!r}")
+    return w.astype(np.float32)
+
+
+@functools.lru_cache(maxsize=32)
+def dct_lifter(num_mel_bins: int, num_ceps: int, lifter: float) -> np.ndarray:
+    """Orthonormal DCT-II rows 0..num_ceps-1 with liftering folded in: shape (num_mel_bins, num_ceps)."""
+    k = np.arange(num_ceps)[:, None]
+    n = np.arange(num_mel_bins)[None, :]
+    dct = np.sqrt(2.0 / num_mel_bins) * np.cos(np.pi / num_mel_bins * (n + 0.5) * k)
+    dct[0] *= np.sqrt(0.5)
+    if lifter:
+        dct *= (1.0 + 0.5 * lifter * np.sin(np.pi * np.arange(num_ceps) / lifter))[:, None]
+    return np.ascontiguousarray(dct.T.astype(np.float32))
+
+
+def num_frames(num_samples: int, opts: FeatureOptions) -> int:
+    """Number of frames Kaldi extracts from ``num_samples`` samples."""
+    length, shift = opts.frame_length, opts.frame_shift
+    if opts.snip_edges:
+        return 0 if num_samples < length else 1 + (num_samples - length) // shift
+    return (num_samples + shift // 2) // shift
+
+
+def frame_signal(samples: np.ndarray, opts: FeatureOptions) -> np.ndarray:
+    """Cut a signal into frames (num_frames, frame_length), Kaldi's edge handling."""
+    count, length, shift = num_frames(samples.size, opts), opts.frame_length, opts.frame_shift
+    if count == 0:
+        return np.zeros((0, length), dtype=np.float32)
+    if opts.snip_edges:
+        view = np.lib.stride_tricks.sliding_window_view(samples, length)[::shift]
+        return np.ascontiguousarray(view[:count], dtype=np.float32)
+    starts = np.arange(count) * shift + shift // 2 - length // 2
+    index = starts[:, None] + np.arange(length)[None, :]
+    n = samples.size
+    index = np.where(index < 0, -index - 1, index)
+    index = np.where(index >= n, 2 * n - 1 - index, index)
+    return samples[np.clip(index, 0, n - 1)].astype(np.float32)
+
+
+def utterance_rng(seed: int, utt_id: str) -> np.random.Generator:
+    """Per-utterance random generator: dither is reproducible whatever the sharding."""
+    return np.random.default_rng([seed, zlib.crc32(utt_id.encode())])
+
+
+def _process_frames(frames: np.ndarray, opts: FeatureOptions) -> np.ndarray:
+    """Frames (already dithered) → features, all rows in one vectorised pass."""
+    if opts.remove_dc_offset:
+        frames -= frames.mean(axis=1, keepdims=True)
+    energy = np.log(np.maximum(np.einsum("ij,ij->i", frames, frames), EPS)) if opts.use_energy else None
+    if opts.preemphasis:
+        frames[:, 1:] -= opts.preemphasis * frames[:, :-1]
+        frames[:, 0] -= opts.preemphasis * frames[:, 0]
+    frames *= window_function(opts.window, opts.frame_length)
+    spectrum = scipy.fft.rfft(frames, n=opts.fft_size, axis=1)
+    power = spectrum.real**2 + spectrum.imag**2
+    mel = np.log(np.maximum(power @ mel_banks(opts).T, EPS))
+    if opts.kind == "mfcc":
+        feats = mel @ dct_lifter(opts.num_mel_bins, opts.num_ceps, opts.cepstral_lifter)
+        if energy is not None:
+            feats[:, 0] = energy
+        return feats.astype(np.float32, copy=False)
+    if energy is not None:
+        mel = np.concatenate([energy[:, None], mel], axis=1)
+    return mel.astype(np.float32, copy=False)
+
+
+def compute_batch(
+    signals: list[np.ndarray], opts: FeatureOptions, rngs: list[np.random.Generator] | None = None
+) -> list[np.ndarray]:
+    """Features for many signals (int16 scale, at ``opts.sample_rate``), one matrix each.
+
+    ``rngs`` (one per signal) drive the dither; required when ``opts.dither`` > 0.
+    """
+    frames = [frame_signal(s, opts) for s in signals]
+    if opts.dither:
+        if rngs is None:
+            raise ValueError("dither needs one random generator per signal")
+        for f, rng in zip(frames, rngs):
+            f += opts.dither * rng.standard_normal(f.shape, dtype=np.float32)
+    counts = [f.shape[0] for f in frames]
+    out: list[np.ndarray] = []
+    block: list[np.ndarray] = []
+    block_counts: list[int] = []
+
+    def flush() -> None:
+        if not block_counts:
+            return
+        feats = _process_frames(np.concatenate(block), opts)
+        offsets = np.cumsum([0, *block_counts])
+        out.extend(feats[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
+        block.clear()
+        block_counts.clear()
+
+    for f, c in zip(frames, counts):
+        block.append(f)
+        block_counts.append(c)
+        if sum(block_counts) >= BLOCK_FRAMES:
+            flush()
+    flush()
+    return out
+
+
+def compute(samples: np.ndarray, opts: FeatureOptions, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Features of one signal (int16 scale)."""
+    return compute_batch([samples], opts, [rng] if rng is not None else None)[0]

@@ -1,0 +1,80 @@
+"""Helpers the Snakefile calls (kept here so the Snakefile holds rules only, and is testable).
+
+* :func:`setup_workflow` validates the config before the DAG is built and writes the
+  resolved config to ``results/<experiment>/config.yaml`` (only when its content changed);
+* :func:`stage_fingerprint` gives each rule a param that changes exactly when the config
+  sections that stage reads change, so Snakemake reruns that stage and what follows it,
+  and nothing upstream;
+* :func:`pipeline_started` / :func:`pipeline_finished` open and close the MLflow parent run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from asrflow.config import ConfigError, resolve_config, section_fingerprint, write_resolved
+
+#: Config sections (dotted) each stage reads; ``{kind}`` is the feature kind.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "data": ("corpus", "audio.min_duration", "audio.max_duration"),
+    "features": ("audio.sample_rate", "seed", "features.frame_length_ms", "features.frame_shift_ms",
+                 "features.dither", "features.preemphasis", "features.remove_dc_offset", "features.window",
+                 "features.low_freq", "features.high_freq", "features.snip_edges", "features.shard_utts",
+                 "features.{kind}"),
+}
+
+
+def results_dir(config: dict[str, Any]) -> str:
+    """``<results_dir>/<experiment>`` (relative to the Snakemake working directory)."""
+    return f"{config['results_dir']}/{config['experiment']}"
+
+
+def setup_workflow(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Validate ``raw`` (Snakemake's merged config); return it resolved and its written path.
+
+    A config error ends Snakemake with the message naming the key, not a traceback.
+    """
+    try:
+        config = resolve_config(dict(raw))
+    except ConfigError as exc:
+        sys.stderr.write(f"asrflow: error: {exc}\n")
+        raise SystemExit(2) from None
+    path = f"{results_dir(config)}/config.yaml"
+    write_resolved(config, path)
+    return config, path
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "") -> str:
+    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`)."""
+    keys = [k.format(kind=kind) for k in STAGE_SECTIONS[stage]]
+    return section_fingerprint({k: _lookup(config, k) for k in keys}, *keys)
+
+
+def pipeline_started(config: dict[str, Any]) -> None:
+    """Open the MLflow parent run and export its id to every job this Snakemake starts."""
+    from asrflow.tracking import PARENT_ENV, start_pipeline_run
+
+    if os.environ.get(PARENT_ENV):
+        return  # a parent run was given from outside (e.g. a wrapper or a test)
+    run_id = start_pipeline_run(config, name=f"pipeline-{config['experiment']}")
+    if run_id:
+        os.environ[PARENT_ENV] = run_id
+        Path(results_dir(config)).mkdir(parents=True, exist_ok=True)
+        print(f"asrflow: MLflow parent run {run_id}", file=sys.stderr)
+
+
+def pipeline_finished(config: dict[str, Any], ok: bool) -> None:
+    """Close the MLflow parent run opened by :func:`pipeline_started`."""
+    from asrflow.tracking import PARENT_ENV, end_pipeline_run
+
+    end_pipeline_run(config, os.environ.get(PARENT_ENV), ok)
