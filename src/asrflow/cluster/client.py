@@ -50,7 +50,7 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
             threads_per_worker=1,
             processes=True,
             host=host,
-            dashboard_address=f"{host}:0" if dask_cfg["dashboard"] else None,
+            dashboard_address=f"{host}:0",  # a free port on the configured host, never 8787 clashes
             silence_logs=logging.ERROR,
         )
         client = Client(cluster)

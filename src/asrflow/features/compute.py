@@ -4,7 +4,7 @@ Follows Kaldi's ``compute-mfcc-feats`` / ``compute-fbank-feats`` step by step, s
 output matches kaldi-native-fbank (see docs/benchmarks.md for the measured agreement):
 
 framing (``snip_edges``) → dither → DC removal → raw log energy → pre-emphasis → window
-(povey, hamming, hann, rectangular) → zero-pad to a power of two → power spectrum →
+(povey, hamming, hanning, rectangular) → zero-pad to a power of two → power spectrum →
 triangular mel bank built on Kaldi's mel scale (1127 ln(1 + f/700)) → log (floored at
 float32 epsilon) → [MFCC: orthonormal DCT-II, cepstral liftering, C0 replaced by log energy].
 
@@ -108,7 +108,7 @@ def window_function(name: str, length: int) -> np.ndarray:
         w = (0.5 - 0.5 * np.cos(a * n)) ** 0.85
     elif name == "hamming":
         w = 0.54 - 0.46 * np.cos(a * n)
-    elif name == "hann":
+    elif name == "hanning":
         w = 0.5 - 0.5 * np.cos(a * n)
     elif name == "rectangular":
         w = np.ones(length)

@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asrflow.config import ConfigError, load_config, resolve_config, section_fingerprint, write_resolved
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_filled_deeply() -> None:
+    config = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}})
+    assert config["features"]["mfcc"]["num_ceps"] == 13
+    assert config["features"]["fbank"]["num_mel_bins"] == 80
+    assert config["dask"]["cluster"] == "local"
+    assert config["results_dir"] == "results"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "featurs": {}}, "unknown config key 'featurs' (did you mean 'features'?)"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"mfcc": {"num_cep": 13}}},
+         "unknown config key 'features.mfcc.num_cep' (did you mean 'num_ceps'?)"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"dither": "lots"}},
+         "config key 'features.dither': 'lots' is not of type 'number'"),
+        ({"experiment": "x"}, "missing required config key 'corpus.name'"),
+        ({"corpus": {"name": "yesno"}}, "missing required config key 'experiment'"),
+        ({"experiment": "x", "corpus": {"name": "timit"}}, "config key 'corpus.name'"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"min_duration": 5, "max_duration": 1}},
+         "audio.min_duration"),
+    ],
+)
+def test_errors_name_the_key(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_config(raw)
+    assert message in str(err.value)
+
+
+def test_missing_required_nested_key() -> None:
+    with pytest.raises(ConfigError, match="missing required config key 'corpus.name'"):
+        resolve_config({"experiment": "x", "corpus": {"language": "en"}})
+
+
+@pytest.mark.parametrize("name", ["config/config.yaml", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config/experiments").glob("*.yaml"))])
+def test_shipped_configs_validate(name: str) -> None:
+    paths = [REPO / "config/config.yaml"] + ([REPO / name] if name != "config/config.yaml" else [])
+    config = load_config(*paths)
+    assert config["experiment"]
+
+
+def test_overlay_and_bad_yaml(tmp_path: Path) -> None:
+    base = tmp_path / "a.yaml"
+    base.write_text("experiment: a\ncorpus: {name: yesno}\nfeatures: {mfcc: {num_ceps: 20}}\n")
+    over = tmp_path / "b.yaml"
+    over.write_text("features: {fbank: {num_mel_bins: 40}}\n")
+    config = load_config(base, over)
+    assert config["features"]["mfcc"]["num_ceps"] == 20 and config["features"]["fbank"]["num_mel_bins"] == 40
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("experiment: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_write_resolved_keeps_mtime_when_unchanged(tmp_path: Path) -> None:
+    config = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}})
+    path = tmp_path / "config.yaml"
+    assert write_resolved(config, path)
+    assert not write_resolved(config, path)
+    assert yaml.safe_load(path.read_text()) == config
+
+
+def test_fingerprint_tracks_only_its_sections() -> None:
+    a = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}})
+    b = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"dither": 0.0}})
+    assert section_fingerprint(a, "corpus") == section_fingerprint(b, "corpus")
+    assert section_fingerprint(a, "features") != section_fingerprint(b, "features")

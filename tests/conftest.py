@@ -1,0 +1,70 @@
+"""Shared fixtures: the corpus mirror, generated audio, and resolved configs on tmp folders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asrflow.config import resolve_config
+from asrflow.config.schema import merge
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def mirror_path() -> Path | None:
+    env = os.environ.get("ASRFLOW_DATA_MIRROR")
+    path = Path(env) if env else REPO.parent / "shared" / "corpora"
+    return path if path.is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def mirror() -> Path:
+    path = mirror_path()
+    if path is None:
+        pytest.skip("no corpus mirror: set ASRFLOW_DATA_MIRROR (CI uses ../shared/corpora)")
+    return path
+
+
+@pytest.fixture()
+def use_mirror(mirror: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ASRFLOW_DATA_MIRROR", str(mirror))
+    return mirror
+
+
+def tone(seconds: float, rate: int = 8000, freq: float = 440.0, seed: int = 0) -> np.ndarray:
+    """A tone with a little noise (float32 in [-1, 1])."""
+    t = np.arange(int(seconds * rate)) / rate
+    rng = np.random.default_rng(seed)
+    return (0.3 * np.sin(2 * np.pi * freq * t) + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def write_wav(path: Path, seconds: float = 0.5, rate: int = 8000, freq: float = 440.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, tone(seconds, rate, freq), rate, subtype="PCM_16")
+    return path
+
+
+def make_config(tmp_path: Path, **sections) -> dict:
+    """A resolved config whose results and downloads live under ``tmp_path``."""
+    base = {
+        "experiment": "test",
+        "results_dir": str(tmp_path / "results"),
+        "corpus": {"name": "yesno", "download_dir": str(tmp_path / "downloads")},
+        "audio": {"sample_rate": 8000},
+        "dask": {"workers": 1, "dashboard": False},
+    }
+    return resolve_config(merge(base, sections))
+
+
+@pytest.fixture(scope="session")
+def dask_client_1():
+    """One shared single-worker LocalCluster for the library tests."""
+    from asrflow.cluster import dask_client
+
+    cfg = {"cluster": "local", "address": None, "workers": 1, "host": "127.0.0.1", "dashboard": False}
+    with dask_client(cfg, log=lambda *_: None) as client:
+        yield client

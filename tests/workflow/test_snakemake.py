@@ -1,0 +1,103 @@
+"""The whole import + features DAG on yesno through Snakemake, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+YESNO = REPO / "config" / "experiments" / "yesno.yaml"
+
+pytestmark = pytest.mark.workflow
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("ASRFLOW_PARENT_RUN_ID", None)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args],
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def jobs_planned(output: str) -> set[str]:
+    return set(re.findall(r"^(?:local)?rule (\w+):", output, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def yesno_run(tmp_path_factory, mirror) -> Path:
+    os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
+    workdir = tmp_path_factory.mktemp("workflow")
+    snakemake(workdir, "--cores", "2", "--configfile", str(YESNO))
+    return workdir
+
+
+def test_outputs(yesno_run: Path) -> None:
+    res = yesno_run / "results" / "yesno"
+    assert len((res / "data" / "train" / "wav.scp").read_text().splitlines()) == 31
+    assert len((res / "data" / "test" / "text").read_text().splitlines()) == 29
+    assert (res / "data" / "report.tsv").read_text().splitlines() == ["utt_id\tfile\treason"]
+    for kind, dim in (("mfcc", 13), ("fbank", 40)):
+        assert len((res / "features" / kind / "feats.scp").read_text().splitlines()) == 60
+        assert (res / "features" / kind / "test" / "cmvn.scp").is_file()
+        assert f'"dim": {dim}' in (res / "features" / kind / "manifest.json").read_text()
+    for name in ("data", "features.mfcc", "features.fbank"):
+        assert (res / "logs" / f"{name}.log").stat().st_size > 0
+        assert (res / "benchmarks" / f"{name}.tsv").is_file()
+    assert "experiment: yesno" in (res / "config.yaml").read_text()
+    assert "Dask dashboard: http://127.0.0.1:" in (res / "logs" / "data.log").read_text()
+
+
+def test_mlflow_runs(yesno_run: Path) -> None:
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("yesno")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank"}
+    parent = runs["pipeline-yesno"]
+    assert parent.info.status == "FINISHED" and parent.data.params["corpus.name"] == "yesno"
+    for stage in ("data", "features-mfcc", "features-fbank"):
+        assert runs[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert runs[stage].info.status == "FINISHED"
+        assert runs[stage].data.metrics["utterances"] == 60
+
+
+def test_nothing_to_redo(yesno_run: Path) -> None:
+    out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) -> None:
+    overlay = tmp_path / "more_mels.yaml"
+    overlay.write_text("features:\n  fbank:\n    num_mel_bins: 30\n")
+    out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
+    planned = jobs_planned(out.stdout)
+    assert planned == {"features", "all"}, out.stdout
+    outputs = re.findall(r"^\s+output: (\S+)", out.stdout, flags=re.M)
+    assert outputs == ["results/yesno/features/fbank"], out.stdout
+    # a corpus option reruns the data stage and everything after it
+    overlay.write_text("audio:\n  min_duration: 0.2\n")
+    out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
+    assert jobs_planned(out.stdout) == {"data", "features", "all"}
+    snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
+
+
+def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
+    overlay = tmp_path / "typo.yaml"
+    overlay.write_text("features:\n  mfcc:\n    num_cep: 12\n")
+    out = snakemake(tmp_path, "-n", "--configfile", str(YESNO), str(overlay), check=False)
+    assert out.returncode != 0
+    assert "unknown config key 'features.mfcc.num_cep' (did you mean 'num_ceps'?)" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_lint_is_clean(tmp_path: Path) -> None:
+    out = snakemake(tmp_path, "--lint", "--configfile", str(YESNO), check=False)
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
