@@ -122,3 +122,21 @@ def test_wav_truncation_detects_short_data(tmp_path: Path) -> None:
     assert wav_truncation(path) is None
     path.write_bytes(path.read_bytes()[:-100])
     assert "header declares 16000 data bytes, file holds 15900" in wav_truncation(path)
+
+
+def test_fast_wav_reader_equals_libsndfile(tmp_path: Path) -> None:
+    import numpy as np
+    import soundfile as sf
+
+    from asrflow.data.audio import _read_pcm16_wav, read_audio
+
+    stereo = np.stack([np.linspace(-1, 0.99, 800), np.linspace(0.5, -0.5, 800)], axis=1)
+    sf.write(tmp_path / "s.wav", stereo, 16000, subtype="PCM_16")
+    fast, rate = _read_pcm16_wav(str(tmp_path / "s.wav"))
+    ref, _ = sf.read(tmp_path / "s.wav", dtype="float32")
+    assert rate == 16000
+    np.testing.assert_array_equal(fast, ref[:, 0])
+    sf.write(tmp_path / "f.wav", stereo, 8000, subtype="FLOAT")
+    assert _read_pcm16_wav(str(tmp_path / "f.wav")) is None  # not PCM16: libsndfile path
+    samples, _ = read_audio(str(tmp_path / "f.wav"))
+    np.testing.assert_allclose(samples, stereo[:, 0], atol=1e-6)

@@ -55,28 +55,27 @@ def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
         (folder / "segments").unlink()
 
 
-def _read_table(path: Path) -> dict[str, str]:
+def read_table(path: Path) -> dict[str, str]:
+    """Read a Kaldi ``key value`` table written by this module."""
     if not path.is_file():
         raise DataDirError(f"{path} is missing")
     table = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            parts = line.rstrip("\n").split(" ", 1)
-            if not parts[0]:
-                continue
-            table[parts[0]] = parts[1] if len(parts) > 1 else ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition(" ")
+        if key:
+            table[key] = value
     return table
 
 
 def read_data_dir(folder: str | Path) -> list[Utterance]:
     """Read a data dir written by :func:`write_data_dir` back into utterances."""
     folder = Path(folder)
-    wavs = _read_table(folder / "wav.scp")
-    text = _read_table(folder / "text")
-    spk = _read_table(folder / "utt2spk")
-    dur = _read_table(folder / "utt2dur")
-    rate = _read_table(folder / "utt2sr")
-    segments = _read_table(folder / "segments") if (folder / "segments").is_file() else {}
+    wavs = read_table(folder / "wav.scp")
+    text = read_table(folder / "text")
+    spk = read_table(folder / "utt2spk")
+    dur = read_table(folder / "utt2dur")
+    rate = read_table(folder / "utt2sr")
+    segments = read_table(folder / "segments") if (folder / "segments").is_file() else {}
     out = []
     for utt in sorted(text):
         if utt not in spk or utt not in dur:

@@ -46,8 +46,6 @@ def write_ark(path: str | Path, items: Iterable[tuple[str, np.ndarray]], scp_nam
                 out.write(key.encode("utf-8") + b" ")
                 lines.append(f"{key} {name}:{out.tell()}")
                 out.write(matrix_bytes(matrix))
-            out.flush()
-            os.fsync(out.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -60,8 +58,7 @@ def write_text_atomic(path: str | Path, lines: Iterable[str]) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-        for line in lines:
-            out.write(line + "\n")
+        out.write("".join(f"{line}\n" for line in lines))
     os.replace(tmp, path)
 
 

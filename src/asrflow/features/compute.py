@@ -9,7 +9,8 @@ triangular mel bank built on Kaldi's mel scale (1127 ln(1 + f/700)) → log (flo
 float32 epsilon) → [MFCC: orthonormal DCT-II, cepstral liftering, C0 replaced by log energy].
 
 Samples are on the int16 scale, as in Kaldi. Frames of many utterances are processed in one
-batch (one FFT call per block), which is what makes short utterances fast.
+block, and pre-emphasis, window and DFT are one matrix product (:func:`spectral_matrix`),
+which is what makes short utterances fast.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.fft
 
 EPS = float(np.finfo(np.float32).eps)
 BLOCK_FRAMES = 8192
@@ -143,8 +143,9 @@ def frame_signal(samples: np.ndarray, opts: FeatureOptions) -> np.ndarray:
     if count == 0:
         return np.zeros((0, length), dtype=np.float32)
     if opts.snip_edges:
-        view = np.lib.stride_tricks.sliding_window_view(samples, length)[::shift]
-        return np.ascontiguousarray(view[:count], dtype=np.float32)
+        return np.lib.stride_tricks.as_strided(
+            samples, (count, length), (samples.strides[0] * shift, samples.strides[0]), writeable=False
+        )
     starts = np.arange(count) * shift + shift // 2 - length // 2
     index = starts[:, None] + np.arange(length)[None, :]
     n = samples.size
@@ -153,23 +154,63 @@ def frame_signal(samples: np.ndarray, opts: FeatureOptions) -> np.ndarray:
     return samples[np.clip(index, 0, n - 1)].astype(np.float32)
 
 
-def utterance_rng(seed: int, utt_id: str) -> np.random.Generator:
-    """Per-utterance random generator: dither is reproducible whatever the sharding."""
-    return np.random.default_rng([seed, zlib.crc32(utt_id.encode())])
+NOISE_TABLE = 1 << 20
+
+
+@functools.lru_cache(maxsize=4)
+def noise_table(seed: int) -> np.ndarray:
+    """A fixed table of N(0, 1) samples (float32) from ``seed``; dither reads slices of it."""
+    return np.random.default_rng(seed).standard_normal(NOISE_TABLE, dtype=np.float32)
+
+
+def dither_noise(key: str, size: int, seed: int) -> np.ndarray:
+    """N(0, 1) dither for one utterance: a slice of :func:`noise_table` at an offset hashed
+    from the utterance id, so it depends only on (seed, utterance) — never on sharding — and
+    costs a copy instead of drawing fresh Gaussians (a quarter of compute time otherwise)."""
+    table = noise_table(seed)
+    start = zlib.crc32(key.encode()) % NOISE_TABLE
+    if start + size <= NOISE_TABLE:
+        return table[start : start + size]
+    return np.take(table, np.arange(start, start + size) % NOISE_TABLE)
+
+
+@functools.lru_cache(maxsize=32)
+def spectral_matrix(opts: FeatureOptions) -> np.ndarray:
+    """Pre-emphasis, window and zero-padded real DFT folded into one matrix.
+
+    All three are linear, so for DC-free frames ``F`` (rows) the real and imaginary parts of
+    the spectrum are ``F @ A`` with ``A`` = Pᵀ · diag(window) · [cos; sin]ᵀ, shape
+    (frame_length, 2 · (fft_size // 2 + 1)). One BLAS call replaces three passes and an FFT:
+    about twice as fast as numpy/scipy FFT for Kaldi's short frames.
+    """
+    length, bins = opts.frame_length, opts.fft_size // 2 + 1
+    preemph = np.eye(length)
+    if opts.preemphasis:
+        preemph[np.arange(1, length), np.arange(length - 1)] = -opts.preemphasis
+        preemph[0, 0] -= opts.preemphasis
+    angles = 2 * np.pi * np.outer(np.arange(bins), np.arange(length)) / opts.fft_size
+    dft = np.concatenate([np.cos(angles), np.sin(angles)])
+    weights = window_function(opts.window, length).astype(np.float64)
+    return np.ascontiguousarray((preemph.T * weights) @ dft.T, dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=32)
+def power_mel_matrix(opts: FeatureOptions) -> np.ndarray:
+    """Mel bank applied to squared real and imaginary parts: shape (2 · bins, num_mel_bins)."""
+    banks = mel_banks(opts).T
+    return np.ascontiguousarray(np.concatenate([banks, banks]), dtype=np.float32)
 
 
 def _process_frames(frames: np.ndarray, opts: FeatureOptions) -> np.ndarray:
-    """Frames (already dithered) → features, all rows in one vectorised pass."""
+    """Frames (already dithered; modified in place) → features, all rows in one pass."""
     if opts.remove_dc_offset:
         frames -= frames.mean(axis=1, keepdims=True)
     energy = np.log(np.maximum(np.einsum("ij,ij->i", frames, frames), EPS)) if opts.use_energy else None
-    if opts.preemphasis:
-        frames[:, 1:] -= opts.preemphasis * frames[:, :-1]
-        frames[:, 0] -= opts.preemphasis * frames[:, 0]
-    frames *= window_function(opts.window, opts.frame_length)
-    spectrum = scipy.fft.rfft(frames, n=opts.fft_size, axis=1)
-    power = spectrum.real**2 + spectrum.imag**2
-    mel = np.log(np.maximum(power @ mel_banks(opts).T, EPS))
+    spectrum = frames @ spectral_matrix(opts)
+    np.square(spectrum, out=spectrum)
+    mel = spectrum @ power_mel_matrix(opts)
+    np.maximum(mel, EPS, out=mel)
+    np.log(mel, out=mel)
     if opts.kind == "mfcc":
         feats = mel @ dct_lifter(opts.num_mel_bins, opts.num_ceps, opts.cepstral_lifter)
         if energy is not None:
@@ -181,41 +222,39 @@ def _process_frames(frames: np.ndarray, opts: FeatureOptions) -> np.ndarray:
 
 
 def compute_batch(
-    signals: list[np.ndarray], opts: FeatureOptions, rngs: list[np.random.Generator] | None = None
+    signals: list[np.ndarray], opts: FeatureOptions, keys: list[str] | None = None, seed: int = 0
 ) -> list[np.ndarray]:
     """Features for many signals (int16 scale, at ``opts.sample_rate``), one matrix each.
 
-    ``rngs`` (one per signal) drive the dither; required when ``opts.dither`` > 0.
+    ``keys`` (utterance ids) and ``seed`` choose each signal's dither, required when
+    ``opts.dither`` > 0. Dither is added to the signal once, before framing (Kaldi draws it
+    per frame; both are N(0, dither²) per sample).
     """
-    frames = [frame_signal(s, opts) for s in signals]
-    if opts.dither:
-        if rngs is None:
-            raise ValueError("dither needs one random generator per signal")
-        for f, rng in zip(frames, rngs):
-            f += opts.dither * rng.standard_normal(f.shape, dtype=np.float32)
-    counts = [f.shape[0] for f in frames]
+    if opts.dither and keys is None:
+        raise ValueError("dither needs one key (utterance id) per signal")
+    counts = [num_frames(s.size, opts) for s in signals]
     out: list[np.ndarray] = []
-    block: list[np.ndarray] = []
-    block_counts: list[int] = []
-
-    def flush() -> None:
-        if not block_counts:
-            return
-        feats = _process_frames(np.concatenate(block), opts)
-        offsets = np.cumsum([0, *block_counts])
+    start = 0
+    while start < len(signals):
+        stop, total = start, 0
+        while stop < len(signals) and (total < BLOCK_FRAMES or stop == start):
+            total += counts[stop]
+            stop += 1
+        block = np.empty((total, opts.frame_length), dtype=np.float32)
+        row = 0
+        for i in range(start, stop):
+            signal = signals[i]
+            if opts.dither and counts[i]:
+                signal = signal + opts.dither * dither_noise(keys[i], signal.size, seed)
+            block[row : row + counts[i]] = frame_signal(signal, opts)
+            row += counts[i]
+        feats = _process_frames(block, opts) if total else np.zeros((0, opts.dim), np.float32)
+        offsets = np.cumsum([0, *counts[start:stop]])
         out.extend(feats[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
-        block.clear()
-        block_counts.clear()
-
-    for f, c in zip(frames, counts):
-        block.append(f)
-        block_counts.append(c)
-        if sum(block_counts) >= BLOCK_FRAMES:
-            flush()
-    flush()
+        start = stop
     return out
 
 
-def compute(samples: np.ndarray, opts: FeatureOptions, rng: np.random.Generator | None = None) -> np.ndarray:
-    """Features of one signal (int16 scale)."""
-    return compute_batch([samples], opts, [rng] if rng is not None else None)[0]
+def compute(samples: np.ndarray, opts: FeatureOptions, key: str | None = None, seed: int = 0) -> np.ndarray:
+    """Features of one signal (int16 scale); ``key`` (utterance id) and ``seed`` choose the dither."""
+    return compute_batch([samples], opts, [key] if key is not None else None, seed)[0]

@@ -28,10 +28,10 @@ import numpy as np
 
 from asrflow.cluster import run_sharded, shard
 from asrflow.data.audio import AudioError, read_audio, resample
-from asrflow.data.datadir import read_data_dir
+from asrflow.data.datadir import read_data_dir, read_table
 from asrflow.data.validate import Utterance
 from asrflow.features.ark import write_ark, write_text_atomic
-from asrflow.features.compute import FeatureOptions, compute_batch, utterance_rng
+from asrflow.features.compute import FeatureOptions, compute_batch
 from asrflow.features.transforms import cmvn_stats
 
 INT16_SCALE = 32768.0
@@ -43,7 +43,7 @@ class ShardResult:
 
     scp: list[str]
     num_frames: dict[str, int]
-    stats: dict[str, np.ndarray]
+    stats: np.ndarray  # (utterances, 2, dim + 1) CMVN statistics, in scp order
     failed: list[tuple[str, str, str]] = field(default_factory=list)
     audio_seconds: float = 0.0
     seconds: float = 0.0
@@ -65,7 +65,7 @@ def extract_shard(utts: list[Utterance], opts: FeatureOptions, seed: int, ark: s
             kept.append(utt)
         except AudioError as exc:
             failed.append((utt.utt_id, utt.audio, str(exc)))
-    feats = compute_batch(signals, opts, [utterance_rng(seed, u.utt_id) for u in kept])
+    feats = compute_batch(signals, opts, [u.utt_id for u in kept], seed)
     items = []
     for utt, mat, sig in zip(kept, feats, signals):
         if mat.shape[0] == 0:
@@ -76,7 +76,7 @@ def extract_shard(utts: list[Utterance], opts: FeatureOptions, seed: int, ark: s
     return ShardResult(
         scp=scp,
         num_frames={k: int(m.shape[0]) for k, m in items},
-        stats={k: cmvn_stats(m) for k, m in items},
+        stats=np.stack([cmvn_stats(m) for _, m in items]) if items else np.zeros((0, 2, opts.dim + 1)),
         failed=failed,
         audio_seconds=float(sum(s.size for s in signals) / opts.sample_rate),
         seconds=time.perf_counter() - start,
@@ -97,33 +97,37 @@ class FeatureSummary:
     wall_seconds: float
     compute_seconds: float
     workers: int
+    task_seconds: float = 0.0  # sum over shards of the time spent inside the task (read+compute+write)
 
     @property
     def x_real_time(self) -> float:
         return self.audio_hours * 3600.0 / self.wall_seconds if self.wall_seconds else 0.0
 
 
-def _speaker_stats(ids: list[str], utt2spk: dict[str, str], stats: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-    per_speaker: dict[str, np.ndarray] = {}
-    for utt in ids:
-        if utt in stats:
-            spk = utt2spk[utt]
-            per_speaker[spk] = per_speaker.get(spk, 0) + stats[utt]
-    return sorted(per_speaker.items())
+def speaker_cmvn(ids: list[str], utt2spk: dict[str, str], row: dict[str, int],
+                 stats: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """Sum per-utterance CMVN statistics (``stats[row[utt]]``) per speaker, sorted by speaker."""
+    speakers, inverse = np.unique([utt2spk[u] for u in ids], return_inverse=True)
+    totals = np.zeros((len(speakers), *stats.shape[1:]), dtype=np.float64)
+    np.add.at(totals, inverse, stats[[row[u] for u in ids]])
+    return list(zip(speakers.tolist(), totals))
 
 
 def write_splits(out: Path, data_dir: Path, splits: list[str], scp_of: dict[str, str],
-                 frames: dict[str, int], stats: dict[str, np.ndarray]) -> None:
-    """Per split: its subset of the index and per-speaker CMVN statistics."""
+                 frames: dict[str, int], stats: np.ndarray) -> None:
+    """Per split: its subset of the index and per-speaker CMVN statistics.
+
+    ``stats`` holds one row of CMVN statistics per utterance, in ``scp_of`` order.
+    """
+    row = {utt: i for i, utt in enumerate(scp_of)}
     for split in splits:
-        utts = read_data_dir(data_dir / split)
-        utt2spk = {u.utt_id: u.speaker for u in utts}
-        ids = [u.utt_id for u in utts if u.utt_id in scp_of]
+        utt2spk = read_table(data_dir / split / "utt2spk")
+        ids = [u for u in utt2spk if u in row]
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(folder / "feats.scp", (f"{u} {scp_of[u]}" for u in ids))
-        write_text_atomic(folder / "utt2num_frames", (f"{u} {frames[u]}" for u in ids))
-        cmvn_lines = write_ark(folder / "cmvn.ark", _speaker_stats(ids, utt2spk, stats))
+        write_text_atomic(folder / "feats.scp", [f"{u} {scp_of[u]}" for u in ids])
+        write_text_atomic(folder / "utt2num_frames", [f"{u} {frames[u]}" for u in ids])
+        cmvn_lines = write_ark(folder / "cmvn.ark", speaker_cmvn(ids, utt2spk, row, stats) if ids else [])
         write_text_atomic(folder / "cmvn.scp", cmvn_lines)
 
 
@@ -139,15 +143,15 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     shards = shard(utts, fcfg["shard_utts"])
     arks = [str(out / f"feats.{i:04d}.ark") for i in range(len(shards))]
     log(f"{kind}: {len(utts)} utterances in {len(shards)} shards, dim {opts.dim}")
-    results = []
-    futures_args = list(zip(shards, arks))
-    results = run_sharded(client, _extract_shard_args, futures_args, opts, config["seed"],
+    results = run_sharded(client, _extract_shard_args, list(zip(shards, arks)), opts, config["seed"],
                           units=[len(s) for s in shards], desc=f"features-{kind}",
                           retries=config["dask"]["retries"])
     compute_end = time.perf_counter()
+    for stale in out.glob(".feats.*.tmp"):  # left by a worker killed mid-write (its shard was redone)
+        stale.unlink()
     scp_lines = [line for r in results for line in r.scp]
     frames = {k: v for r in results for k, v in r.num_frames.items()}
-    stats = {k: v for r in results for k, v in r.stats.items()}
+    stats = np.concatenate([r.stats for r in results])
     failed = sorted(f for r in results for f in r.failed)
     write_text_atomic(out / "feats.scp", scp_lines)
     write_text_atomic(out / "utt2num_frames", (f"{u} {n}" for u, n in frames.items()))
@@ -160,6 +164,7 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
         kind=kind, dim=opts.dim, utterances=len(frames), frames=sum(frames.values()), failed=len(failed),
         shards=len(shards), audio_hours=sum(r.audio_seconds for r in results) / 3600.0,
         wall_seconds=time.perf_counter() - start, compute_seconds=compute_end - start, workers=workers,
+        task_seconds=sum(r.seconds for r in results),
     )
     (out / "manifest.json").write_text(json.dumps(
         {"kind": kind, "dim": opts.dim, "options": asdict(opts), "utterances": summary.utterances,
