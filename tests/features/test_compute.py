@@ -7,29 +7,16 @@ import pytest
 
 from asrflow.data.audio import read_audio
 from asrflow.features import FeatureOptions, add_deltas, apply_cmvn, cmvn_stats, compute, compute_batch
+from asrflow.features.bench import kaldi_native_fbank
 from asrflow.features.compute import dither_noise, num_frames
 
 from ..conftest import tone
 
-knf = pytest.importorskip("kaldi_native_fbank")
+pytest.importorskip("kaldi_native_fbank")
 
 
 def reference(samples: np.ndarray, opts: FeatureOptions) -> np.ndarray:
-    if opts.kind == "mfcc":
-        o = knf.MfccOptions()
-        o.num_ceps, o.cepstral_lifter, o.use_energy = opts.num_ceps, opts.cepstral_lifter, opts.use_energy
-    else:
-        o = knf.FbankOptions()
-        o.use_energy = opts.use_energy
-    o.mel_opts.num_bins, o.mel_opts.low_freq, o.mel_opts.high_freq = opts.num_mel_bins, opts.low_freq, opts.high_freq
-    f = o.frame_opts
-    f.samp_freq, f.dither, f.snip_edges, f.window_type = opts.sample_rate, 0.0, opts.snip_edges, opts.window
-    f.frame_length_ms, f.frame_shift_ms, f.preemph_coeff = opts.frame_length_ms, opts.frame_shift_ms, opts.preemphasis
-    f.remove_dc_offset = opts.remove_dc_offset
-    comp = knf.OnlineMfcc(o) if opts.kind == "mfcc" else knf.OnlineFbank(o)
-    comp.accept_waveform(opts.sample_rate, samples.tolist())
-    comp.input_finished()
-    return np.array([comp.get_frame(i) for i in range(comp.num_frames_ready)], dtype=np.float32)
+    return kaldi_native_fbank(opts)(samples.tolist())
 
 
 CASES = [

@@ -24,7 +24,8 @@ from asrflow.features.compute import FeatureOptions, compute
 from asrflow.features.stage import extract_features, load_signal
 
 
-def _knf_computer(opts: FeatureOptions):
+def kaldi_native_fbank(opts: FeatureOptions):
+    """A function computing kaldi-native-fbank features with the same options (the reference)."""
     import kaldi_native_fbank as knf
 
     if opts.kind == "mfcc":
@@ -50,7 +51,7 @@ def _knf_computer(opts: FeatureOptions):
 
 def time_knf(utts, opts: FeatureOptions, out: Path) -> float:
     """kaldi-native-fbank end to end in one process: read, compute, write one ark."""
-    run = _knf_computer(opts)
+    run = kaldi_native_fbank(opts)
     start = time.perf_counter()
     write_ark(out / "knf.ark", ((u.utt_id, run(load_signal(u, opts.sample_rate).tolist())) for u in utts))
     return time.perf_counter() - start
@@ -59,7 +60,7 @@ def time_knf(utts, opts: FeatureOptions, out: Path) -> float:
 def agreement(utts, opts: FeatureOptions) -> dict[str, float]:
     """Max / mean absolute difference and correlation against kaldi-native-fbank (no dither)."""
     plain = FeatureOptions(**{**opts.__dict__, "dither": 0.0})
-    run = _knf_computer(plain)
+    run = kaldi_native_fbank(plain)
     diffs, ours_all, ref_all = [], [], []
     for u in utts:
         samples = load_signal(u, plain.sample_rate)

@@ -1,0 +1,34 @@
+import pytest
+from dask.distributed import LocalCluster
+
+from asrflow.cluster import dask_client, run_sharded, shard
+
+
+def square_all(xs: list[int]) -> list[int]:
+    return [x * x for x in xs]
+
+
+def test_shard() -> None:
+    assert shard(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert shard([], 3) == []
+
+
+def test_attach_to_existing_scheduler_and_keep_order() -> None:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp",
+                      dashboard_address="127.0.0.1:0") as cluster:
+        cfg = {"cluster": "address", "address": cluster.scheduler_address, "workers": None,
+               "host": "127.0.0.1", "dashboard": True}
+        lines: list[str] = []
+        with dask_client(cfg, log=lines.append) as client:
+            shards = shard(list(range(10)), 3)
+            assert run_sharded(client, square_all, shards, units=[len(s) for s in shards]) == [
+                [0, 1, 4], [9, 16, 25], [36, 49, 64], [81]]
+        assert any(line.startswith("Dask dashboard: http://127.0.0.1:") for line in lines)
+        assert cluster.scheduler_address in " ".join(lines)
+
+
+def test_address_mode_needs_an_address() -> None:
+    cfg = {"cluster": "address", "address": None, "workers": None, "host": "127.0.0.1", "dashboard": False}
+    with pytest.raises(ValueError, match="dask.address"):
+        with dask_client(cfg):
+            pass
