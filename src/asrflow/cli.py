@@ -82,6 +82,74 @@ def cmd_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lang(args: argparse.Namespace) -> int:
+    from asrflow.lang.stage import prepare_lang
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"lang-{args.train}", resolved_config=args.config[-1]) as run:
+        report = prepare_lang(config, args.data, args.train, args.tests, args.out, log=_log)
+        run.log_metrics({"words": report["words"], "phones": report["phones"],
+                         "grapheme_fallback_words": report["grapheme_fallback_words"],
+                         "train_perplexity": report["train_perplexity"],
+                         **{f"{t}.oov_rate": v["oov_rate"] for t, v in report["test_sets"].items()},
+                         **{f"{t}.perplexity": v["perplexity"] for t, v in report["test_sets"].items()}})
+        for name in ("manifest.json", "lexicon.txt", "lm.arpa"):
+            run.log_artifact(Path(args.out) / name)
+    return 0
+
+
+def cmd_gmm(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.gmm.stage import train_system
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"gmm-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
+        with dask_client(config["dask"], args.workers, log=_log) as client:
+            manifest = train_system(config, args.system, args.train, args.data, args.features, args.lang,
+                                    args.out, client, run, mono_dir=args.mono, log=_log)
+        run.log_metrics({k: manifest[k] for k in ("pdfs", "gaussians", "failed", "seconds")})
+        for name in ("manifest.json", "report.tsv", "alignment.png"):
+            run.log_artifact(Path(args.out) / name)
+    return 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from asrflow.decode.stage import make_graph
+
+    make_graph(args.lang, args.model, args.out, log=_log)
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.decode.stage import decode_split
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"decode-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
+        with dask_client(config["dask"], args.workers, log=_log) as client:
+            info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
+                                args.out, client, log=_log)
+        run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"])})
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from asrflow.score.stage import score_split
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"score-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
+        summary = score_split(args.data, args.test, args.decode, args.lang, args.out, log=_log)
+        run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
+        run.log_metrics({k: summary[k] for k in ("wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts",
+                                                   "oov_rate", "rtf") if summary.get(k) is not None})
+        run.log_artifact(args.out)
+    return 0
+
+
 def cmd_bench_features(args: argparse.Namespace) -> int:
     from asrflow.features.bench import run_benchmark
 
@@ -116,6 +184,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder (results/<exp>/features/<kind>)")
     p.add_argument("--workers", type=int, default=None, help="Dask workers when dask.workers is null")
     p.set_defaults(func=cmd_features)
+
+    p = with_config(sub.add_parser("lang", help="lexicon, LM, L and G for a training split"))
+    p.add_argument("--data", required=True)
+    p.add_argument("--train", required=True, help="training split (its transcripts make the LM)")
+    p.add_argument("--tests", nargs="*", default=[], help="test splits to report OOV rates for")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_lang)
+
+    p = with_config(sub.add_parser("gmm", help="train a GMM-HMM system (mono or tri) on Dask"))
+    p.add_argument("--system", required=True, choices=["mono", "tri"])
+    p.add_argument("--train", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--features", required=True, help="MFCC features folder")
+    p.add_argument("--lang", required=True)
+    p.add_argument("--mono", help="the mono system's folder (tri only)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--workers", type=int, default=None)
+    p.set_defaults(func=cmd_gmm)
+
+    p = sub.add_parser("graph", help="build HCLG for a trained system")
+    p.add_argument("--lang", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_graph)
+
+    p = with_config(sub.add_parser("decode", help="decode a test split with HCLG on Dask"))
+    for name in ("system", "test", "model", "graph", "data", "features", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--workers", type=int, default=None)
+    p.set_defaults(func=cmd_decode)
+
+    p = with_config(sub.add_parser("score", help="score a decoded test split"))
+    for name in ("system", "test", "data", "decode", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.set_defaults(func=cmd_score)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     p = with_config(bench.add_parser("features", help="feature x-real-time vs workers and kaldi-native-fbank"))

@@ -8,7 +8,7 @@ and lower orders use continuation counts N1+(• h' w) (plain counts for n-grams
 with ``<s>``, which have no left context). Each order has its own discount
 D = n1 / (n1 + 2 n2) from its count-of-counts, clamped to [0.1, 0.9] when the estimate is
 undefined or extreme (tiny corpora such as yesno). The unigram level interpolates with a
-uniform distribution over the vocabulary, so ``<unk>`` and every word has a probability.
+uniform distribution over the vocabulary, so every word of it has a probability.
 
 Written in backoff form, the weight of a history is exactly γ(h) ≤ 1, so the model can
 never have a positive log backoff weight (a fault seen with kaldingram on a two-word
@@ -41,7 +41,7 @@ class KneserNeyLM:
             raise ValueError("LM order must be at least 1")
         self.order = order
         sentences = [list(s) for s in sentences]
-        self.vocab = sorted((set(vocabulary) | {w for s in sentences for w in s} | {UNK, EOS}) - {BOS})
+        self.vocab = sorted((set(vocabulary) | {w for s in sentences for w in s} | {EOS}) - {BOS})
         counts: list[Counter] = [Counter() for _ in range(order + 1)]  # counts[k]: k-gram tuples
         for sent in sentences:
             padded = [BOS] + sent + [EOS]
@@ -130,13 +130,15 @@ class KneserNeyLM:
         Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def perplexity(self, sentences: Iterable[list[str]]) -> float:
-        """Per-word perplexity (``</s>`` counted, OOVs mapped to ``<unk>``)."""
+        """Per-word perplexity (``</s>`` counted; out-of-vocabulary words skipped, as SRILM does)."""
         logprob, n = 0.0, 0
         vocab = set(self.vocab)
         for sent in sentences:
-            words = [w if w in vocab else UNK for w in sent] + [EOS]
             history: tuple = (BOS,)
-            for w in words:
+            for w in sent + [EOS]:
+                if w not in vocab:
+                    history = ()
+                    continue
                 logprob += math.log(self.prob(w, history))
                 history = (history + (w,))[-(self.order - 1):] if self.order > 1 else ()
                 n += 1

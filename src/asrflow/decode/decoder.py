@@ -1,0 +1,74 @@
+"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-latgen-faster``, 1-best).
+
+Workers cache the graph by path and modification time; each task reports the decoding
+time so the real-time factor excludes graph loading.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from asrflow.gmm.estep import Shard, features
+from asrflow.gmm.model import GmmModel
+from asrflow.kaldi import kfst, khg
+
+_GRAPHS: dict[tuple, object] = {}
+
+
+@dataclass
+class DecodeOptions:
+    beam: float = 13.0
+    max_active: int = 7000
+    lattice_beam: float = 6.0
+    acoustic_scale: float = 0.1
+    frame_shift: float = 0.01
+
+
+@dataclass
+class DecodeResult:
+    hyps: dict[str, list[int]]
+    failed: list[str]
+    frames: int
+    seconds: float
+
+
+def _graph(path: str):
+    key = (path, os.stat(path).st_mtime_ns)
+    if key not in _GRAPHS:
+        _GRAPHS[key] = kfst.StdVectorFst.read(path)
+    return _GRAPHS[key]
+
+
+def decode_shard(shard: Shard, model_blob: bytes, graph_path: str, opts: DecodeOptions) -> DecodeResult:
+    """1-best word ids of each utterance; an utterance with no surviving path gets a partial result."""
+    model = GmmModel.from_bytes(model_blob)
+    graph = _graph(graph_path)
+    feats = features(shard)
+    config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active, lattice_beam=opts.lattice_beam)
+    decoder = khg.LatticeFasterDecoder(graph, config)
+    hyps, failed, frames = {}, [], 0
+    start = time.perf_counter()
+    for utt, x in zip(shard.utts, feats):
+        decodable = khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=x, scale=opts.acoustic_scale)
+        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=decodable,
+                                                              trans_model=model.tm, utt=utt, allow_partial=True)
+        hyps[utt] = [int(w) for w in words] if ok else []
+        if not ok:
+            failed.append(utt)
+        frames += x.shape[0]
+    return DecodeResult(hyps, failed, frames, time.perf_counter() - start)
+
+
+def words_of(ids: list[int], id2word: list[str]) -> str:
+    """Word ids to text, dropping ``<eps>`` and ``<SIL>``-style non-words."""
+    return " ".join(id2word[i] for i in ids if id2word[i] not in ("<eps>", "<SIL>"))
+
+
+def rtf(results: list[DecodeResult], frame_shift: float = 0.01) -> float:
+    """Decoding seconds over audio seconds."""
+    frames = sum(r.frames for r in results)
+    return float(np.sum([r.seconds for r in results]) / (frames * frame_shift)) if frames else 0.0

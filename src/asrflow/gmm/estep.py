@@ -1,0 +1,218 @@
+"""The E-step of GMM-HMM training, as Dask tasks over shards of utterances.
+
+Every task is a pure function of (model, shard, alignments): it may run on any worker,
+twice, or after a worker died, and give the same statistics. Workers only *cache* what
+they can rebuild (features, compiled training graphs); alignments live on the driver.
+
+Tasks return plain numpy arrays (the wheels' accumulators do not pickle): per-Gaussian
+occupancy, first and second-order sums in the model's flat Gaussian order, transition
+counts, and the log-likelihood.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asrflow.features import add_deltas, apply_cmvn, load
+from asrflow.gmm.model import GmmModel
+from asrflow.kaldi import kfst, khg
+
+_FEATURES: dict[str, list[np.ndarray]] = {}
+_COMPILERS: dict[tuple, object] = {}
+_GRAPHS: dict[tuple, object] = {}
+_KEEP: list = []  # objects the C++ graph compiler references (never freed while it lives)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A fixed group of utterances with everything a worker needs to process them."""
+
+    key: str
+    utts: tuple[str, ...]
+    feats: tuple[str, ...]  # scp values "<ark>:<offset>"
+    speakers: tuple[str, ...]
+    word_ids: tuple[tuple[int, ...], ...]
+    cmvn: dict  # speaker -> Kaldi CMVN stats (2, dim + 1)
+    lang_dir: str
+    deltas: int = 2
+
+
+@dataclass
+class AlignOptions:
+    beam: float = 10.0
+    retry_beam: float = 40.0
+    acoustic_scale: float = 0.1
+    transition_scale: float = 1.0
+    self_loop_scale: float = 0.1
+
+
+@dataclass
+class EStepResult:
+    """Statistics of one shard (everything picklable)."""
+
+    occ: np.ndarray
+    x: np.ndarray
+    x2: np.ndarray
+    trans: np.ndarray
+    like: float
+    frames: int
+    alignments: dict[str, np.ndarray] | None = None
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    retried: int = 0
+    align_like: float = 0.0
+    seconds: float = 0.0
+
+
+def features(shard: Shard) -> list[np.ndarray]:
+    """CMVN (per speaker) then Δ/ΔΔ features of a shard, cached per worker process."""
+    cached = _FEATURES.get(shard.key)
+    if cached is None:
+        cached = []
+        for value, spk in zip(shard.feats, shard.speakers):
+            mat = apply_cmvn(load(value), shard.cmvn[spk])
+            cached.append(np.ascontiguousarray(add_deltas(mat, shard.deltas) if shard.deltas else mat))
+        _FEATURES[shard.key] = cached
+    return cached
+
+
+def _compiler(model: GmmModel, lang_dir: str, tree_key: bytes):
+    key = (lang_dir, tree_key)
+    if key not in _COMPILERS:
+        lexicon = kfst.StdVectorFst.read(f"{lang_dir}/L.fst")
+        disambig = [int(x) for x in open(f"{lang_dir}/disambig.int").read().split()]
+        opts = khg.TrainingGraphCompilerOptions(transition_scale=0.0, self_loop_scale=0.0)
+        tm = khg.TransitionModel(ctx_dep=model.tree, hmm_topo=model.topo)
+        compiler = khg.TrainingGraphCompiler(trans_model=tm, ctx_dep=model.tree, lex_fst=lexicon,
+                                             disambig_syms=disambig, opts=opts)
+        _KEEP.extend([model.tree, model.topo, tm, lexicon])  # the compiler holds raw C++ references
+        _COMPILERS[key] = compiler
+    return _COMPILERS[key]
+
+
+def tree_key(model: GmmModel) -> bytes:
+    """A short identity of the model's tree (graphs depend on the tree, not on the GMMs)."""
+    return zlib.crc32(bytes(b & 0xFF for b in model.tree.__getstate__()[0])).to_bytes(4, "little")
+
+
+def training_graph(model: GmmModel, shard: Shard, i: int, tree_id: bytes):
+    """The utterance's training graph (transcript → HMM states), compiled once per worker."""
+    key = (shard.lang_dir, tree_id, shard.utts[i])
+    if key not in _GRAPHS:
+        _GRAPHS[key] = _compiler(model, shard.lang_dir, tree_id).compile_graph_from_text(list(shard.word_ids[i]))
+    return _GRAPHS[key]
+
+
+def equal_alignment(graph, num_frames: int, utt: str) -> np.ndarray | None:
+    """``align-equal-compiled``: a random path through the graph of exactly ``num_frames``."""
+    ok, path = kfst.equal_align(ifst=graph, length=num_frames, rand_seed=zlib.crc32(utt.encode()) & 0x7FFFFFFF,
+                                num_retries=10)
+    if not ok:
+        return None
+    ok, tids, _, _ = kfst.get_linear_symbol_sequence(path)
+    return np.asarray(tids, dtype=np.int32) if ok and len(tids) == num_frames else None
+
+
+def viterbi_alignment(model: GmmModel, graph, feats: np.ndarray, utt: str,
+                      opts: AlignOptions) -> tuple[np.ndarray | None, bool, float]:
+    """``gmm-align-compiled``: best path with beam, retried at ``retry_beam``; (ali, retried, like)."""
+    fst = kfst.StdVectorFst(graph)
+    khg.add_transition_probs(trans_model=model.tm, transition_scale=opts.transition_scale,
+                             self_loop_scale=opts.self_loop_scale, fst=fst)
+    decodable = khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=feats, scale=opts.acoustic_scale)
+    cfg = khg.AlignConfig(beam=opts.beam, retry_beam=opts.retry_beam, careful=False)
+    done, _, retried, like, _, ali, _ = khg.align_utterance_wrapper(
+        config=cfg, utt=utt, acoustic_scale=opts.acoustic_scale, fst=fst, decodable=decodable,
+        num_done=0, num_error=0, num_retried=0, tot_like=0.0, frame_count=0)
+    if done != 1 or len(ali) != feats.shape[0]:
+        return None, bool(retried), 0.0
+    return np.asarray(ali, dtype=np.int32), bool(retried), float(like)
+
+
+def accumulate(model: GmmModel, feats: list[np.ndarray], alignments: list[np.ndarray]) -> tuple:
+    """``gmm-acc-stats-ali`` in numpy: Gaussian posteriors within each aligned pdf."""
+    offsets = model.gaussian_offsets()
+    dim = model.am.dim
+    num_gauss = int(offsets[-1])
+    occ, sx, sx2 = np.zeros(num_gauss), np.zeros((num_gauss, dim)), np.zeros((num_gauss, dim))
+    trans = np.zeros(model.tm.num_transition_ids + 1)
+    if not feats:
+        return occ, sx, sx2, trans, 0.0, 0
+    x_all = np.concatenate(feats)
+    tids = np.concatenate(alignments).astype(np.int64)
+    trans += np.bincount(tids, minlength=len(trans))
+    pdfs = model.tid2pdf[tids]
+    order = np.argsort(pdfs, kind="stable")
+    bounds = np.searchsorted(pdfs[order], np.arange(model.am.num_pdfs + 1))
+    like = 0.0
+    for pdf in np.flatnonzero(np.diff(bounds)):
+        xp = x_all[order[bounds[pdf]: bounds[pdf + 1]]]
+        ll = np.asarray(model.am.get_pdf(int(pdf)).log_likelihoods_matrix(xp), dtype=np.float64)
+        top = ll.max(1, keepdims=True)
+        post = np.exp(ll - top)
+        norm = post.sum(1, keepdims=True)
+        like += float((np.log(norm) + top).sum())
+        post /= norm
+        xd = xp.astype(np.float64)
+        g = slice(offsets[pdf], offsets[pdf + 1])
+        occ[g] += post.sum(0)
+        sx[g] += post.T @ xd
+        sx2[g] += post.T @ (xd * xd)
+    return occ, sx, sx2, trans, like, int(len(tids))
+
+
+def estep(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray] | None, mode: str,
+          opts: AlignOptions) -> EStepResult:
+    """One shard of an iteration. ``mode``: ``equal`` (flat start), ``realign`` or ``accumulate``."""
+    start = time.perf_counter()
+    model = GmmModel.from_bytes(model_blob)
+    tree_id = tree_key(model)
+    feats = features(shard)
+    kept_feats, kept_ali, failed, new = [], [], [], {}
+    retried, align_like = 0, 0.0
+    for i, utt in enumerate(shard.utts):
+        if mode == "accumulate":
+            ali = (alignments or {}).get(utt)
+        else:
+            graph = training_graph(model, shard, i, tree_id)
+            if mode == "equal":
+                ali = equal_alignment(graph, feats[i].shape[0], utt)
+                if ali is None:
+                    failed.append((utt, f"no path of {feats[i].shape[0]} frames through the training graph"))
+            else:
+                ali, was_retried, like = viterbi_alignment(model, graph, feats[i], utt, opts)
+                retried += int(was_retried)
+                align_like += like
+                if ali is None:
+                    failed.append((utt, f"alignment failed with beam {opts.beam} and retry beam {opts.retry_beam}"))
+            if ali is not None:
+                new[utt] = ali
+        if ali is not None:
+            kept_feats.append(feats[i])
+            kept_ali.append(ali)
+    occ, sx, sx2, trans, like, frames = accumulate(model, kept_feats, kept_ali)
+    return EStepResult(occ, sx, sx2, trans, like, frames, None if mode == "accumulate" else new, failed,
+                       retried, align_like, time.perf_counter() - start)
+
+
+def moments(shard: Shard) -> tuple[float, np.ndarray, np.ndarray]:
+    """Count, sum and sum of squares of a shard's features (for ``gmm-init-mono``)."""
+    x = np.concatenate(features(shard)).astype(np.float64)
+    return float(len(x)), x.sum(0), (x * x).sum(0)
+
+
+def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray]):
+    """``acc-tree-stats`` for a shard, from monophone alignments."""
+    from asrflow.gmm.tree import TreeStats, accumulate_tree_stats
+
+    model = GmmModel.from_bytes(model_blob)
+    phone_of, state_of = model.tid_tables
+    parts = []
+    for feats, utt in zip(features(shard), shard.utts):
+        ali = alignments.get(utt)
+        if ali is not None:
+            parts.append(accumulate_tree_stats(feats, phone_of[ali], state_of[ali]))
+    return TreeStats.merge(parts) if parts else None

@@ -1,0 +1,127 @@
+"""A GMM-HMM acoustic model: topology, tree, transition model and diagonal GMMs.
+
+Saved as ``final.mdl.pkl`` (the wheels' own pickling, which round-trips exactly) plus the
+tree in Kaldi's binary format (``tree``), readable by Kaldi's tools.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asrflow.kaldi import khg
+
+
+@dataclass
+class GmmModel:
+    """The four Kaldi objects that make an acoustic model."""
+
+    topo: object
+    tree: object
+    tm: object
+    am: object
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / "final.mdl.pkl.tmp"
+        tmp.write_bytes(self.to_bytes())
+        tmp.replace(folder / "final.mdl.pkl")
+        self.tree.write(True, str(folder / "tree"))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "GmmModel":
+        return cls.from_bytes((Path(folder) / "final.mdl.pkl").read_bytes())
+
+    def to_bytes(self) -> bytes:
+        return pickle.dumps({"topo": self.topo, "tree": self.tree, "tm": self.tm, "am": self.am})
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "GmmModel":
+        d = pickle.loads(blob)
+        return cls(d["topo"], d["tree"], d["tm"], d["am"])
+
+    @functools.cached_property
+    def tid2pdf(self) -> np.ndarray:
+        """pdf id of each transition id (index 0 unused)."""
+        return np.asarray(self.tm.transition_id_to_pdf_array(), dtype=np.int64)
+
+    @functools.cached_property
+    def tid_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(phone, hmm_state)`` of each transition id, from the model's ``<Triples>``."""
+        text = str(self.tm)
+        body = text[text.index("<Triples>") + len("<Triples>"): text.index("</Triples>")].split()
+        triples = np.asarray(body[1:], dtype=np.int64).reshape(-1, 3)
+        states = np.asarray(self.tm.id2state, dtype=np.int64)
+        phone = np.zeros(len(states), dtype=np.int64)
+        hmm_state = np.zeros(len(states), dtype=np.int64)
+        phone[1:] = triples[states[1:] - 1, 0]
+        hmm_state[1:] = triples[states[1:] - 1, 1]
+        return phone, hmm_state
+
+    def gaussian_offsets(self) -> np.ndarray:
+        """Start of each pdf's Gaussians in a flat per-Gaussian array (length num_pdfs + 1)."""
+        counts = [self.am.num_gauss_in_pdf(p) for p in range(self.am.num_pdfs)]
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def single_gaussian(mean: np.ndarray, var: np.ndarray):
+    """A one-component DiagGmm."""
+    gmm = khg.DiagGmm(nmix=1, dim=mean.shape[0])
+    gmm.set_weights(np.ones(1, dtype=np.float32))
+    gmm.set_means(mean[None].astype(np.float32))
+    gmm.set_invvars((1.0 / var)[None].astype(np.float32))
+    gmm.compute_gconsts()
+    return gmm
+
+
+def read_topology(path: str | Path):
+    topo = khg.HmmTopology()
+    topo.read(Path(path).read_text())
+    return topo
+
+
+def init_mono(topo, mean: np.ndarray, var: np.ndarray) -> GmmModel:
+    """``gmm-init-mono``: monophone tree, transition model, one global Gaussian per pdf."""
+    tree = khg.monophone_context_dependency(phones=topo.phones,
+                                            phone2num_pdf_classes=topo.get_phone_to_num_pdf_classes())
+    tm = khg.TransitionModel(ctx_dep=tree, hmm_topo=topo)
+    am = khg.AmDiagGmm()
+    gmm = single_gaussian(mean, var)
+    for _ in range(tree.num_pdfs):
+        am.add_pdf(gmm)
+    return GmmModel(topo, tree, tm, am)
+
+
+def tree_from_bytes(blob: bytes):
+    """A ContextDependency from Kaldi's binary tree format (with or without the ``\\0B`` header)."""
+    if blob[:2] == b"\x00B":
+        blob = blob[2:]
+    tree = khg.ContextDependency.__new__(khg.ContextDependency)
+    tree.__setstate__((np.frombuffer(blob, dtype=np.int8).tolist(),))
+    return tree
+
+
+def init_from_tree(topo, tree, pdf_count: np.ndarray, pdf_sum: np.ndarray, pdf_sumsq: np.ndarray,
+                   var_floor: float = 0.01) -> GmmModel:
+    """``gmm-init-model``: one Gaussian per tree leaf from its pooled statistics.
+
+    A leaf without data (a phone never seen) gets the global mean and variance.
+    """
+    tm = khg.TransitionModel(ctx_dep=tree, hmm_topo=topo)
+    total = pdf_count.sum()
+    g_mean = pdf_sum.sum(0) / total
+    g_var = np.maximum(pdf_sumsq.sum(0) / total - g_mean**2, var_floor)
+    am = khg.AmDiagGmm()
+    for pdf in range(tree.num_pdfs):
+        if pdf_count[pdf] > 0:
+            mean = pdf_sum[pdf] / pdf_count[pdf]
+            var = np.maximum(pdf_sumsq[pdf] / pdf_count[pdf] - mean**2, var_floor)
+        else:
+            mean, var = g_mean, g_var
+        am.add_pdf(single_gaussian(mean, var))
+    return GmmModel(topo, tree, tm, am)

@@ -1,0 +1,43 @@
+"""Build E-step / decoding shards of one split from the data, features and lang stages."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import kaldiio
+
+from asrflow.cluster import shard
+from asrflow.data.datadir import read_table
+from asrflow.features.ark import read_scp
+from asrflow.gmm.estep import Shard
+from asrflow.lang.graph import read_symbols
+from asrflow.lang.lexicon import OOV_WORD
+
+
+def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, split: str,
+                 shard_utts: int, deltas: int = 2) -> list[Shard]:
+    """Shards of ``split`` (sorted utterances with features), transcripts as word ids (OOV → ``<unk>``)."""
+    data_dir, feats_dir = Path(data_dir), Path(feats_dir)
+    text = read_table(data_dir / split / "text")
+    utt2spk = read_table(data_dir / split / "utt2spk")
+    scp = read_scp(feats_dir / split / "feats.scp")
+    cmvn = {spk: mat for spk, mat in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items()}
+    words = read_symbols(Path(lang_dir) / "words.txt")
+    oov = words[OOV_WORD]
+    utts = [u for u in sorted(text) if u in scp]
+    identity = zlib.crc32("".join(f"{u}{scp[u]}" for u in utts).encode())
+    out = []
+    for i, group in enumerate(shard(utts, shard_utts)):
+        speakers = tuple(utt2spk[u] for u in group)
+        out.append(Shard(
+            key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{i}",
+            utts=tuple(group),
+            feats=tuple(scp[u] for u in group),
+            speakers=speakers,
+            word_ids=tuple(tuple(words.get(w, oov) for w in text[u].split()) for u in group),
+            cmvn={s: cmvn[s] for s in set(speakers)},
+            lang_dir=str(lang_dir),
+            deltas=deltas,
+        ))
+    return out

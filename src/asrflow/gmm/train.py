@@ -1,0 +1,149 @@
+"""GMM-HMM training drivers: flat-start monophone (``train_mono.sh``) and triphone with
+decision-tree state tying (``train_deltas.sh``). E-steps run on Dask; M-steps on the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrflow.cluster import run_sharded
+from asrflow.gmm.estep import AlignOptions, Shard, estep, moments, tree_stats
+from asrflow.gmm.model import GmmModel, init_from_tree, init_mono, read_topology, tree_from_bytes
+from asrflow.gmm.tree import TreeStats, build_tree, context_dependency_bytes, phone_questions
+from asrflow.gmm.update import m_step, pdf_occupancies, split_gaussians, sum_results
+
+Metrics = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class TrainResult:
+    model: GmmModel
+    alignments: dict[str, np.ndarray]
+    failed: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    iterations: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignments: dict[str, np.ndarray],
+                    cfg: dict[str, Any], first_iter: int, realign: set[int], target: int, numgauss: int,
+                    max_iter_inc: int, rng: np.random.Generator, retries: int, on_metrics: Metrics,
+                    log: Callable[[str], None], first_beam: float | None = None) -> tuple[GmmModel, dict, dict]:
+    incgauss = max(0, (target - numgauss) // max(1, max_iter_inc))
+    failed: dict[str, str] = {}
+    for it in range(first_iter, cfg["iterations"]):
+        start = time.perf_counter()
+        mode = "realign" if it in realign else "accumulate"
+        beam = first_beam if (first_beam is not None and it == first_iter) else cfg["beam"]
+        opts = AlignOptions(beam=beam, retry_beam=cfg["retry_beam"])
+        blob = client.scatter(model.to_bytes(), broadcast=True, hash=False)
+        per_shard = [None if mode == "realign" else {u: alignments[u] for u in s.utts if u in alignments}
+                     for s in shards]
+        results = run_sharded(client, _estep_args, list(zip(shards, per_shard)), blob, mode, opts,
+                              units=[len(s.utts) for s in shards], desc=f"iter{it}-{mode}", retries=retries)
+        if mode == "realign":
+            for r in results:
+                alignments.update(r.alignments)
+                for utt, reason in r.failed:
+                    alignments.pop(utt, None)
+                    failed[utt] = reason
+        totals = sum_results(results)
+        m_step(model, totals, cfg["min_gaussian_occupancy"])
+        split_gaussians(model, pdf_occupancies(model, totals), numgauss, rng, cfg["power"])
+        if it <= max_iter_inc:
+            numgauss += incgauss
+        seconds = time.perf_counter() - start
+        metrics = {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
+                   "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs, "seconds": seconds,
+                   "align_failed": sum(len(r.failed) for r in results) if mode == "realign" else 0,
+                   "align_retried": totals.retried}
+        on_metrics(it, metrics)
+        log(f"iter {it:2d} {mode:10s} like/frame {metrics['loglike_per_frame']:.4f} "
+            f"gauss {metrics['gaussians']:5d} {seconds:.2f}s")
+    return model, alignments, failed
+
+
+def _estep_args(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: AlignOptions):
+    shard, alignments = item
+    return estep(shard, blob, alignments, mode, opts)
+
+
+def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, client: Any,
+               on_metrics: Metrics, log: Callable[[str], None] = print) -> TrainResult:
+    """Flat-start monophone training (Kaldi ``train_mono.sh``)."""
+    start = time.perf_counter()
+    cfg = config["gmm"]["mono"]
+    retries = config["dask"]["retries"]
+    parts = run_sharded(client, moments, shards, desc="moments", retries=retries)
+    count = sum(p[0] for p in parts)
+    mean = sum(p[1] for p in parts) / count
+    var = np.maximum(sum(p[2] for p in parts) / count - mean**2, 1e-3)
+    model = init_mono(read_topology(Path(lang_dir) / "topo"), mean, var)
+    rng = np.random.default_rng(config["seed"])
+    numgauss = model.am.num_gauss
+    log(f"mono: {model.am.num_pdfs} pdfs, {len(shards)} shards, {sum(len(s.utts) for s in shards)} utterances")
+    # Pass 0: equal alignment, then estimate (gmm-est --min-gaussian-occupancy=3).
+    blob = client.scatter(model.to_bytes(), broadcast=True, hash=False)
+    results = run_sharded(client, _estep_args, [(s, None) for s in shards], blob, "equal", AlignOptions(),
+                          units=[len(s.utts) for s in shards], desc="iter0-equal", retries=retries)
+    alignments: dict[str, np.ndarray] = {}
+    failed: dict[str, str] = {}
+    for r in results:
+        alignments.update(r.alignments)
+        failed.update(dict(r.failed))
+    totals = sum_results(results)
+    m_step(model, totals, min_gaussian_occupancy=3.0)
+    on_metrics(0, {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
+                   "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs,
+                   "seconds": time.perf_counter() - start, "align_failed": len(failed), "align_retried": 0})
+    model, alignments, later = _run_iterations(
+        client, shards, model, alignments, cfg, 1, set(cfg["realign_iterations"]), cfg["gaussians"], numgauss,
+        cfg["max_iter_inc"], rng, retries, on_metrics, log, first_beam=cfg["initial_beam"])
+    failed.update(later)
+    return TrainResult(model, alignments, {u: r for u, r in failed.items() if u not in alignments},
+                       time.perf_counter() - start, cfg["iterations"])
+
+
+def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, mono: GmmModel,
+              mono_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
+              log: Callable[[str], None] = print) -> TrainResult:
+    """Triphone training on Δ+ΔΔ features with a decision tree built from monophone alignments."""
+    start = time.perf_counter()
+    cfg = config["gmm"]["tri"]
+    retries = config["dask"]["retries"]
+    lang_dir = Path(lang_dir)
+    blob = client.scatter(mono.to_bytes(), broadcast=True, hash=False)
+    per_shard = [{u: mono_alignments[u] for u in s.utts if u in mono_alignments} for s in shards]
+    parts = run_sharded(client, _tree_stats_args, list(zip(shards, per_shard)), blob, desc="tree-stats",
+                        retries=retries)
+    stats = TreeStats.merge([p for p in parts if p is not None])
+    silence = [int(x) for x in (lang_dir / "silence.int").read_text().split()]
+    nonsilence = [int(x) for x in (lang_dir / "nonsilence.int").read_text().split()]
+    phones = sorted(silence + nonsilence)
+    questions = phone_questions(stats, phones, extra=[silence, nonsilence])
+    max_classes = max(n for n in mono.topo.get_phone_to_num_pdf_classes() if n > 0)
+    result = build_tree(stats, [[p] for p in phones], max(phones) + 1, questions, max_classes,
+                        max_leaves=cfg["leaves"], thresh=cfg["tree_thresh"], min_leaf_count=cfg["min_leaf_count"])
+    tree = tree_from_bytes(context_dependency_bytes(result.root))
+    model = init_from_tree(mono.topo, tree, result.pdf_count, result.pdf_sum, result.pdf_sumsq)
+    log(f"tri: tree with {result.num_pdfs} leaves ({result.splits} splits, likelihood gain "
+        f"{result.objf_gain / max(stats.count.sum(), 1):.3f}/frame), {len(questions)} questions")
+    rng = np.random.default_rng(config["seed"] + 1)
+    numgauss = model.am.num_gauss
+    # No convert-ali: the first pass aligns with the tree-initialised model (graphs of the new tree).
+    model, alignments, failed = _run_iterations(
+        client, shards, model, {}, cfg, 1, {1, *cfg["realign_iterations"]}, cfg["gaussians"], numgauss,
+        cfg["max_iter_inc"], rng, retries, on_metrics, log)
+    return TrainResult(model, alignments, failed, time.perf_counter() - start, cfg["iterations"],
+                       {"leaves": result.num_pdfs, "questions": len(questions), "tree_splits": result.splits})
+
+
+def _tree_stats_args(item: tuple[Shard, dict], blob: bytes):
+    shard, alignments = item
+    return tree_stats(shard, blob, alignments)

@@ -1,0 +1,75 @@
+"""The lang stage: lexicon, phone/word tables, topology, L, LM (ARPA) and G for one training split.
+
+Output folder (``results/<exp>/lang/<train split>/``), Kaldi's lang-dir layout::
+
+    lexicon.txt  phones.txt  words.txt  topo  disambig.int  silence.int  nonsilence.int
+    L.fst  L_disambig.fst  lm.arpa  G.fst  manifest.json (sizes, OOV rate per test set, perplexity)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from asrflow.data.datadir import read_table
+from asrflow.lang.graph import compile_grammar, compile_text_fst
+from asrflow.lang.lexicon import OOV_WORD, SIL, build_lexicon, oov_rate, phone_inventory
+from asrflow.lang.lm import KneserNeyLM
+from asrflow.lang.symbols import add_disambig, lexicon_fst_text, phone_table, topology_text, word_table, write_table
+
+
+def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests: list[str],
+                 out_dir: str | Path, log=print) -> dict[str, Any]:
+    """Build the lang dir for training split ``train``; report OOV rates of ``tests``."""
+    data_dir, out = Path(data_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lcfg = config["lang"]
+    texts = list(read_table(data_dir / train / "text").values())
+    vocabulary = sorted({w for t in texts for w in t.split()})
+    lexicon, fallback = build_lexicon(vocabulary, lcfg["lexicon"])
+    entries, max_disambig = add_disambig(lexicon)
+    sil_disambig = max_disambig + 1
+    silence, nonsilence = phone_inventory(lexicon)
+    phones = phone_table(silence, nonsilence, sil_disambig)
+    words = word_table(list(lexicon))
+    write_table(out / "phones.txt", phones)
+    write_table(out / "words.txt", words)
+    pid = {p: i for i, p in enumerate(phones)}
+    wid = {w: i for i, w in enumerate(words)}
+    (out / "lexicon.txt").write_text("".join(f"{w} {' '.join(p)}\n" for w in sorted(lexicon) for p in lexicon[w]),
+                                     encoding="utf-8")
+    disambig = [pid[p] for p in phones if p.startswith("#")]
+    (out / "disambig.int").write_text("".join(f"{i}\n" for i in disambig))
+    (out / "silence.int").write_text("".join(f"{pid[p]}\n" for p in silence))
+    (out / "nonsilence.int").write_text("".join(f"{pid[p]}\n" for p in nonsilence))
+    (out / "oov.txt").write_text(f"{OOV_WORD}\n")
+    (out / "topo").write_text(topology_text([pid[p] for p in nonsilence], [pid[p] for p in silence],
+                                            lcfg["phone_states"], lcfg["silence_states"]))
+    plain = [(w, [p for p in phs if not p.startswith("#")]) for w, phs in entries]
+    lex = compile_text_fst(lexicon_fst_text(plain, SIL, lcfg["sil_prob"]), pid, wid)
+    lex.write(str(out / "L.fst"))
+    lex_d = compile_text_fst(lexicon_fst_text(entries, SIL, lcfg["sil_prob"], disambig_loop=True,
+                                              sil_disambig=f"#{sil_disambig}"), pid, wid)
+    lex_d.write(str(out / "L_disambig.fst"))
+    # <unk> enters the LM only through training transcripts that contain it: an untrained
+    # spoken-noise model with a floor probability only produces insertions.
+    lm = KneserNeyLM([t.split() for t in texts], lcfg["lm_order"], vocabulary=vocabulary)
+    lm.write_arpa(out / "lm.arpa")
+    compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
+    vocab_set = set(vocabulary)
+    report: dict[str, Any] = {
+        "train": train, "lexicon": lcfg["lexicon"], "words": len(vocabulary), "phones": len(nonsilence),
+        "silence_phones": silence, "grapheme_fallback_words": len(fallback), "lm_order": lcfg["lm_order"],
+        "train_perplexity": round(lm.perplexity([t.split() for t in texts]), 3), "test_sets": {},
+    }
+    for test in tests:
+        test_texts = list(read_table(data_dir / test / "text").values())
+        rate, n_oov, n_tokens = oov_rate(test_texts, vocab_set)
+        report["test_sets"][test] = {"oov_rate": rate, "oov_tokens": n_oov, "tokens": n_tokens,
+                                     "perplexity": round(lm.perplexity([t.split() for t in test_texts]), 3)}
+        log(f"{test}: OOV rate {rate:.2%} ({n_oov}/{n_tokens}), perplexity {report['test_sets'][test]['perplexity']}")
+    (out / "manifest.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    log(f"lang for {train}: {len(vocabulary)} words, {len(nonsilence)} phones "
+        f"({len(fallback)} grapheme-fallback words), LM order {lcfg['lm_order']}")
+    return report

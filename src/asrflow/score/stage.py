@@ -1,0 +1,38 @@
+"""The score stage: WER summary JSON and per-utterance alignments for one system and test set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from asrflow.data.datadir import read_table
+from asrflow.lang.graph import read_symbols
+from asrflow.score.wer import format_alignment, score_corpus
+
+NON_WORDS = {"<eps>", "<SIL>", "#0", "<s>", "</s>"}
+
+
+def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_dir: str | Path,
+                out_json: str | Path, log=print) -> dict[str, Any]:
+    """Score ``decode_dir/hyp.txt`` against the test split's references; write the summary JSON.
+
+    Writes ``<out>.json`` (keys: wer, ser, sub, del, ins, n_ref_words, n_utts, oov_rate, rtf, ...)
+    and ``<out>.details.txt`` (Kaldi-style ref/hyp/op lines per utterance).
+    """
+    data_dir, decode_dir, out_json = Path(data_dir), Path(decode_dir), Path(out_json)
+    refs = read_table(data_dir / test / "text")
+    hyps = read_table(decode_dir / "hyp.txt") if (decode_dir / "hyp.txt").stat().st_size else {}
+    utt2spk = read_table(data_dir / test / "utt2spk")
+    vocabulary = {w for w in read_symbols(Path(lang_dir) / "words.txt") if w not in NON_WORDS and w != "<unk>"}
+    decode_info = json.loads((decode_dir / "manifest.json").read_text())
+    summary, scores = score_corpus(refs, hyps, utt2spk, vocabulary, rtf=decode_info["rtf"])
+    summary["test_set"] = test
+    summary["decode_failed"] = len(decode_info["failed"])
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(summary, indent=2) + "\n")
+    out_json.with_suffix(".details.txt").write_text("\n".join(format_alignment(s) for s in scores) + "\n")
+    log(f"{test}: %WER {100 * summary['wer']:.2f} [ {summary['errors']} / {summary['n_ref_words']}, "
+        f"{summary['ins']} ins, {summary['del']} del, {summary['sub']} sub ] %SER {100 * summary['ser']:.2f} "
+        f"OOV {100 * summary['oov_rate']:.2f}%")
+    return summary
