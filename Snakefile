@@ -6,8 +6,11 @@ from asrflow.workflow import (
     pipeline_finished,
     pipeline_started,
     results_dir,
+    score_targets,
     setup_workflow,
     stage_fingerprint,
+    tests_of,
+    train_split,
 )
 
 
@@ -21,12 +24,17 @@ RESULTS = results_dir(config)
 
 include: "rules/data.smk"
 include: "rules/features.smk"
+include: "rules/lang.smk"
+include: "rules/gmm.smk"
+include: "rules/decode.smk"
+include: "rules/score.smk"
 
 
 rule all:
     input:
         f"{RESULTS}/data",
         expand(f"{RESULTS}/features/{{kind}}", kind=config["features"]["kinds"]),
+        score_targets(config),
     default_target: True
 
 

@@ -24,7 +24,29 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
                  "features.dither", "features.preemphasis", "features.remove_dc_offset", "features.window",
                  "features.low_freq", "features.high_freq", "features.snip_edges", "features.shard_utts",
                  "features.{kind}"),
+    "lang": ("lang",),
+    "gmm": ("seed", "gmm"),
+    "decode": ("decode",),
 }
+
+
+def train_split(test: str) -> str:
+    """The training split paired with a test split (``test`` → ``train``, ``loso_x_test`` → ``loso_x_train``)."""
+    if not test.endswith("test"):
+        raise ValueError(f"test split {test!r} does not end in 'test'")
+    return test[: -len("test")] + "train"
+
+
+def tests_of(config: dict[str, Any], train: str) -> list[str]:
+    """The configured test splits trained on ``train``."""
+    return [t for t in config["evaluation"]["test_sets"] if train_split(t) == train]
+
+
+def score_targets(config: dict[str, Any]) -> list[str]:
+    """Every score JSON the experiment produces."""
+    root = results_dir(config)
+    return [f"{root}/score/{system}/{test}.json"
+            for system in config["evaluation"]["systems"] for test in config["evaluation"]["test_sets"]]
 
 
 def results_dir(config: dict[str, Any]) -> str:

@@ -1,4 +1,6 @@
-"""The whole import + features DAG on yesno through Snakemake, as a user runs it."""
+"""The whole yesno DAG (import → features → lang → gmm → graph → decode → score) through Snakemake."""
+
+import json
 
 from __future__ import annotations
 
@@ -56,16 +58,38 @@ def test_outputs(yesno_run: Path) -> None:
     assert "Dask dashboard: http://127.0.0.1:" in (res / "logs" / "data.log").read_text()
 
 
+def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
+    res = yesno_run / "results" / "yesno"
+    scores = {s: json.loads((res / "score" / s / "test.json").read_text()) for s in ("mono", "tri")}
+    for summary in scores.values():
+        assert {"wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts", "oov_rate", "rtf"} <= summary.keys()
+        assert summary["n_ref_words"] == 232 and summary["n_utts"] == 29 and summary["oov_rate"] == 0.0
+        assert 0 < summary["rtf"] < 0.2
+    assert scores["tri"]["errors"] == 0, scores["tri"]
+    assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: see README results
+    tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
+    assert tri["pdfs"] > 25 and tri["aligned"] == 31
+    pdfs = (res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt").read_text().splitlines()
+    assert len(pdfs) == 31 and (res / "gmm" / "train" / "mono" / "alignment.png").stat().st_size > 10000
+
+
 def test_mlflow_runs(yesno_run: Path) -> None:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("yesno")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank"}
+    assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
+                         "gmm-mono-train", "gmm-tri-train", "decode-mono-test", "decode-tri-test",
+                         "score-mono-test", "score-tri-test"}
+    history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
+    assert len(history) == 40 and history[-1].value > history[1].value
+    assert runs["score-tri-test"].data.metrics["wer"] == 0.0
     parent = runs["pipeline-yesno"]
     assert parent.info.status == "FINISHED" and parent.data.params["corpus.name"] == "yesno"
+    for stage in runs:
+        if stage != "pipeline-yesno":
+            assert runs[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
+            assert runs[stage].info.status == "FINISHED"
     for stage in ("data", "features-mfcc", "features-fbank"):
-        assert runs[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert runs[stage].info.status == "FINISHED"
         assert runs[stage].data.metrics["utterances"] == 60
 
 
@@ -85,7 +109,7 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     # a corpus option reruns the data stage and everything after it
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
-    assert jobs_planned(out.stdout) == {"data", "features", "all"}
+    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "decode", "score", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 

@@ -1,0 +1,48 @@
+# Decoding graphs (HCLG per system) and decoding of the test splits on Dask.
+
+
+rule graph:
+    input:
+        lang=f"{RESULTS}/lang/{{train}}",
+        model=f"{RESULTS}/gmm/{{train}}/{{system}}",
+    output:
+        directory(f"{RESULTS}/graph/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system="mono|tri",
+    log:
+        f"{RESULTS}/logs/graph.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/graph.{{train}}.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
+
+
+rule decode:
+    input:
+        data=f"{RESULTS}/data",
+        features=f"{RESULTS}/features/mfcc",
+        lang=lambda wildcards: f"{RESULTS}/lang/{train_split(wildcards.test)}",
+        model=lambda wildcards: f"{RESULTS}/gmm/{train_split(wildcards.test)}/{wildcards.system}",
+        graph=lambda wildcards: f"{RESULTS}/graph/{train_split(wildcards.test)}/{wildcards.system}",
+    output:
+        directory(f"{RESULTS}/decode/{{system}}/{{test}}"),
+    wildcard_constraints:
+        test="[^/]*test",
+        system="mono|tri",
+    params:
+        config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "decode"),
+    threads: workflow.cores
+    log:
+        f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/decode.{{system}}.{{test}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow decode --config {params.config} --system {wildcards.system} --test {wildcards.test}"
+        " --model {input.model} --graph {input.graph} --data {input.data} --features {input.features}"
+        " --lang {input.lang} --out {output} --workers {threads} > {log} 2>&1"

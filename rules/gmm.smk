@@ -1,0 +1,33 @@
+# GMM-HMM training on Dask: flat-start monophone, then triphone from its alignments.
+
+
+rule gmm:
+    input:
+        data=f"{RESULTS}/data",
+        features=f"{RESULTS}/features/mfcc",
+        lang=f"{RESULTS}/lang/{{train}}",
+        mono=lambda wildcards: (
+            [f"{RESULTS}/gmm/{wildcards.train}/mono"] if wildcards.system == "tri" else []
+        ),
+    output:
+        directory(f"{RESULTS}/gmm/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system="mono|tri",
+    params:
+        config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "gmm"),
+        mono=lambda wildcards, input: f"--mono {input.mono[0]}" if input.mono else "",
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+    log:
+        f"{RESULTS}/logs/gmm.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/gmm.{{train}}.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow gmm --config {params.config} --system {wildcards.system} --train {wildcards.train}"
+        " --data {input.data} --features {input.features} --lang {input.lang} {params.mono}"
+        " --out {output} --workers {threads} > {log} 2>&1"

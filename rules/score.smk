@@ -1,0 +1,22 @@
+# Scoring: WER, SER, S/D/I, per speaker; one summary JSON per system and test split.
+
+
+rule score:
+    input:
+        data=f"{RESULTS}/data",
+        decode=f"{RESULTS}/decode/{{system}}/{{test}}",
+        lang=lambda wildcards: f"{RESULTS}/lang/{train_split(wildcards.test)}",
+    output:
+        f"{RESULTS}/score/{{system}}/{{test}}.json",
+    wildcard_constraints:
+        test="[^/]*test",
+        system="mono|tri",
+    params:
+        config=RESOLVED,
+    log:
+        f"{RESULTS}/logs/score.{{system}}.{{test}}.log",
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow score --config {params.config} --system {wildcards.system} --test {wildcards.test}"
+        " --data {input.data} --decode {input.decode} --lang {input.lang} --out {output} > {log} 2>&1"

@@ -1,0 +1,98 @@
+"""Decision trees: statistics, questions, greedy splitting, and Kaldi's binary format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asrflow.gmm.model import tree_from_bytes
+from asrflow.gmm.tree import (
+    Leaf,
+    Split,
+    Table,
+    TreeStats,
+    accumulate_tree_stats,
+    build_tree,
+    context_dependency_bytes,
+    leaves,
+    lookup,
+    objf,
+    phone_questions,
+)
+
+
+def test_kaldi_binary_tree_loads_and_maps_like_python() -> None:
+    root = Table(1, [None, Table(-1, [Leaf(0), Leaf(1), Leaf(2)]),
+                     Split(0, (1,), Table(-1, [Leaf(3), Leaf(4), Leaf(5)]), Table(-1, [Leaf(6), Leaf(7), Leaf(8)]))])
+    tree = tree_from_bytes(context_dependency_bytes(root))
+    assert (tree.num_pdfs, tree.context_width, tree.central_position) == (9, 3, 1)
+    for left in (0, 1, 2):
+        for pdf_class in (0, 1, 2):
+            ok, pdf = tree.compute([left, 2, 1], pdf_class)
+            assert ok and pdf == lookup(root, {0: left, 1: 2, 2: 1, -1: pdf_class})
+
+
+def test_tree_stats_use_phone_segments_for_context() -> None:
+    feats = np.arange(12, dtype=np.float32).reshape(6, 2)
+    phones = np.array([5, 5, 7, 7, 7, 5])
+    classes = np.array([0, 1, 0, 1, 1, 0])
+    stats = accumulate_tree_stats(feats, phones, classes)
+    rows = {tuple(e): c for e, c in zip(stats.events.tolist(), stats.count)}
+    assert rows == {(0, 5, 7, 0): 1, (0, 5, 7, 1): 1, (5, 7, 5, 0): 1, (5, 7, 5, 1): 2, (7, 5, 0, 0): 1}
+    merged = TreeStats.merge([stats, stats])
+    assert merged.count.sum() == 12 and np.allclose(merged.sum.sum(0), 2 * feats.sum(0))
+
+
+def test_objf_matches_gaussian_log_likelihood() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((500, 3)) * [1.0, 2.0, 0.5] + 3
+    value = objf(np.float64(len(x)), x.sum(0), (x * x).sum(0))
+    mean, var = x.mean(0), x.var(0)
+    ll = -0.5 * np.sum(np.log(2 * np.pi * var) + (x - mean) ** 2 / var)
+    assert value == pytest.approx(ll, rel=1e-9)
+
+
+def _synthetic_stats(rng: np.random.Generator) -> TreeStats:
+    """Phone 2's pdf-class 0 depends on whether the left phone is 3 or 4; the rest does not."""
+    events, count, total, sumsq = [], [], [], []
+    for left in (1, 3, 4):
+        for centre in (1, 2):
+            for pdf_class in (0, 1, 2):
+                shift = 4.0 if (centre == 2 and pdf_class == 0 and left in (3, 4)) else 0.0
+                x = rng.standard_normal((200, 2)) + shift + centre
+                events.append((left, centre, 1, pdf_class))
+                count.append(200.0)
+                total.append(x.sum(0))
+                sumsq.append((x * x).sum(0))
+    return TreeStats(np.array(events), np.array(count), np.array(total), np.array(sumsq))
+
+
+def test_build_tree_finds_the_informative_question() -> None:
+    stats = _synthetic_stats(np.random.default_rng(1))
+    questions = [(1,), (3,), (4,), (3, 4), (1, 3, 4)]
+    result = build_tree(stats, [[1], [2]], 5, questions, max_pdf_classes=3, max_leaves=3, thresh=10.0,
+                        cluster_thresh=0.0, min_leaf_count=10)
+    assert result.num_pdfs == 3 and result.splits == 1
+    pdf = lambda left, centre, c: lookup(result.root, {0: left, 1: centre, 2: 1, -1: c})  # noqa: E731
+    assert pdf(3, 2, 0) == pdf(4, 2, 0) != pdf(1, 2, 1)
+    assert pdf(1, 1, 0) != pdf(1, 2, 0)
+    tree = tree_from_bytes(context_dependency_bytes(result.root))
+    assert tree.num_pdfs == 3
+    assert sorted(leaf.answer for leaf in leaves(result.root)) == [0, 1, 2]
+    assert result.pdf_count.sum() == stats.count.sum()
+
+
+def test_clustering_merges_leaves_that_should_not_be_split() -> None:
+    stats = _synthetic_stats(np.random.default_rng(2))
+    questions = [(1,), (3,), (4,), (3, 4), (1, 3, 4)]
+    grown = build_tree(stats, [[1], [2]], 5, questions, 3, max_leaves=12, thresh=0.0, cluster_thresh=0.0,
+                       min_leaf_count=10)
+    clustered = build_tree(stats, [[1], [2]], 5, questions, 3, max_leaves=12, thresh=0.0, cluster_thresh=500.0,
+                           min_leaf_count=10)
+    assert grown.num_pdfs > clustered.num_pdfs >= 3
+
+
+def test_phone_questions_separate_dissimilar_phones() -> None:
+    stats = _synthetic_stats(np.random.default_rng(3))
+    qs = phone_questions(stats, [1, 2, 7], extra=[[7]])
+    assert (1, 2) in qs and (1,) in qs and (2,) in qs and (7,) in qs
