@@ -160,6 +160,19 @@ def cmd_bench_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_gmm(args: argparse.Namespace) -> int:
+    from asrflow.gmm.bench import run_benchmark
+
+    config = _load(args)
+    report = run_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
+                           [int(w) for w in args.workers.split(",")], repeats=args.repeats, log=_log)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asrflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is kept)")
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.set_defaults(func=cmd_bench_features)
+    p = with_config(bench.add_parser("gmm", help="E-step speed vs Dask workers, alignment RTF"))
+    for name in ("data", "features", "lang", "model"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--train", default="train")
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=cmd_bench_gmm)
     return parser
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from asrflow.data.datadir import read_data_dir
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.gmm.train import TrainResult, train_mono, train_tri
@@ -48,24 +49,40 @@ def read_alignments(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def plot_alignment(path: Path, feats: np.ndarray, phones: list[str], utt: str) -> None:
-    """Draw the phone segmentation of one utterance over its (MFCC/filterbank) feature image."""
+def spectrogram(audio: str, sample_rate: int, start: float | None = None, end: float | None = None) -> np.ndarray:
+    """Log power spectrogram (dB) with Kaldi's framing: 25 ms windows every 10 ms (librosa STFT)."""
+    import librosa
+
+    from asrflow.data.audio import read_audio, resample
+
+    samples, rate = read_audio(audio, start, end)
+    samples = resample(samples, rate, sample_rate)
+    n_fft = 1 << (int(0.025 * sample_rate) - 1).bit_length()
+    power = np.abs(librosa.stft(samples, n_fft=n_fft, hop_length=int(0.01 * sample_rate),
+                                win_length=int(0.025 * sample_rate), center=False)) ** 2
+    return librosa.power_to_db(power, ref=np.max, top_db=80.0)
+
+
+def plot_alignment(path: Path, image: np.ndarray, phones: list[str], utt: str, sample_rate: int) -> None:
+    """Draw one utterance's frame-level phone alignment over its spectrogram."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 3.5))
-    ax.imshow(feats.T, aspect="auto", origin="lower", cmap="magma")
+    ax.imshow(image, aspect="auto", origin="lower", cmap="magma",
+              extent=(0, image.shape[1], 0, sample_rate / 2000))
+    top = sample_rate / 2000
     start = 0
     for t in range(1, len(phones) + 1):
         if t == len(phones) or phones[t] != phones[start]:
             ax.axvline(start, color="cyan", linewidth=0.8)
-            ax.text((start + t) / 2, feats.shape[1] * 0.92, phones[start], color="white", ha="center", fontsize=8)
+            ax.text((start + t) / 2, top * 0.92, phones[start], color="white", ha="center", fontsize=8)
             start = t
-    ax.set_title(f"{utt}: forced alignment (phones) over the features")
+    ax.set_title(f"{utt}: forced alignment (phones) over the spectrogram")
     ax.set_xlabel("frame (10 ms)")
-    ax.set_ylabel("feature bin")
+    ax.set_ylabel("kHz")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -95,16 +112,14 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     with open(out / "report.tsv", "w") as report:
         report.write("utt_id\treason\n")
         report.writelines(f"{u}\t{r}\n" for u, r in sorted(result.failed.items()))
-    example = next((s for s in shards if s.utts[0] in result.alignments), None)
-    if example is not None:
-        from asrflow.gmm.estep import features
-
-        utt = example.utts[0]
+    if result.alignments:
+        utt = min(result.alignments)
+        wav = next(u for u in read_data_dir(Path(data_dir) / train) if u.utt_id == utt)
         id2phone = {i: p for p, i in read_symbols(lang_dir / "phones.txt").items()}
         phone_of, _ = result.model.tid_tables
-        static = features(example)[0][:, : features(example)[0].shape[1] // 3]
-        plot_alignment(out / "alignment.png", static, [id2phone[int(p)] for p in phone_of[result.alignments[utt]]],
-                       utt)
+        rate = config["audio"]["sample_rate"]
+        plot_alignment(out / "alignment.png", spectrogram(wav.audio, rate, wav.start, wav.end),
+                       [id2phone[int(p)] for p in phone_of[result.alignments[utt]]], utt, rate)
     manifest = {"system": system, "train": train, "pdfs": result.model.am.num_pdfs,
                 "gaussians": result.model.am.num_gauss, "iterations": result.iterations,
                 "aligned": len(result.alignments), "failed": len(result.failed),
