@@ -1,9 +1,8 @@
 """The whole yesno DAG (import → features → lang → gmm → graph → decode → score) through Snakemake."""
 
-import json
-
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
