@@ -62,19 +62,28 @@ def test_same_model_with_two_workers_and_a_killed_worker(yesno, dask_client_1) -
     with _two_workers() as client:
         pids = client.run(os.getpid)
         out: dict = {}
-        thread = threading.Thread(target=lambda: out.update(result=_train(config, shards, lang, client)[0]))
+
+        def run() -> None:
+            try:
+                out["result"] = _train(config, shards, lang, client)[0]
+            except BaseException as exc:  # surfaced below
+                out["error"] = exc
+
+        thread = threading.Thread(target=run)
         thread.start()
         killed = None
         deadline = time.monotonic() + 120
-        time.sleep(1.0)  # let it get past initialisation into the E-steps
+        # Kill the first worker seen running a realigning E-step after the flat start.
         while killed is None and thread.is_alive() and time.monotonic() < deadline:
-            busy = [w for w, keys in client.processing().items() if keys and any("iter" in k for k in keys)]
+            busy = [w for w, keys in client.processing().items()
+                    if any(str(k).startswith(("iter1-", "iter2-", "iter4-")) for k in keys)]
             if busy:
                 killed = busy[0]
                 os.kill(pids[killed], signal.SIGKILL)
-            time.sleep(0.005)
+            time.sleep(0.001)
         thread.join(timeout=300)
         assert killed is not None, "no E-step was seen running"
+    assert "error" not in out, repr(out.get("error"))
     result = out["result"]
     assert result.model.to_bytes() == reference.model.to_bytes()
     assert result.alignments.keys() == reference.alignments.keys()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -98,3 +99,19 @@ def run_sharded(
             results[i] = future.result()
             bar.update(units[i])
     return results
+
+
+def broadcast(client: Any, data: Any, attempts: int = 3) -> Any:
+    """Put ``data`` on every worker once (a future tasks can take as an argument).
+
+    A worker that dies during the transfer makes ``scatter`` fail; the surviving and
+    restarted workers get it on the next attempt.
+    """
+    for attempt in range(attempts):
+        try:
+            return client.scatter(data, broadcast=True, hash=False)
+        except Exception:  # noqa: BLE001 (any transport error of a dying worker)
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")

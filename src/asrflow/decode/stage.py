@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asrflow.cluster import run_sharded
+from asrflow.cluster import broadcast, run_sharded
 from asrflow.decode.decoder import DecodeOptions, decode_shard, rtf, words_of
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
@@ -44,7 +44,7 @@ def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str |
                          acoustic_scale=dcfg["acoustic_scale"])
     shards = split_shards(data_dir, feats_dir, lang_dir, test, dcfg["shard_utts"])
     model = GmmModel.load(model_dir)
-    blob = client.scatter(model.to_bytes(), broadcast=True, hash=False)
+    blob = broadcast(client, model.to_bytes())
     graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
     start = time.perf_counter()
     results = run_sharded(client, decode_shard, shards, blob, graph_path, opts,

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asrflow.cluster import dask_client, run_sharded
+from asrflow.cluster import broadcast, dask_client, run_sharded
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
@@ -30,7 +30,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
     quiet = lambda *_: None  # noqa: E731
     for n in workers:
         with dask_client({**config["dask"], "workers": n, "dashboard": False}, log=quiet) as client:
-            blob = client.scatter(model.to_bytes(), broadcast=True, hash=False)
+            blob = broadcast(client, model.to_bytes())
             items = [(s, None) for s in shards]
             warm = run_sharded(client, _estep_args, items, blob, "realign", opts, desc="warm-up")
             alignments = {u: a for r in warm for u, a in r.alignments.items()}

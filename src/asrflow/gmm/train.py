@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from asrflow.cluster import run_sharded
+from asrflow.cluster import broadcast, run_sharded
 from asrflow.gmm.estep import AlignOptions, Shard, estep, moments, tree_stats
 from asrflow.gmm.model import GmmModel, init_from_tree, init_mono, read_topology, tree_from_bytes
 from asrflow.gmm.tree import TreeStats, build_tree, context_dependency_bytes, phone_questions
@@ -42,7 +42,7 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
         mode = "realign" if it in realign else "accumulate"
         beam = first_beam if (first_beam is not None and it == first_iter) else cfg["beam"]
         opts = AlignOptions(beam=beam, retry_beam=cfg["retry_beam"])
-        blob = client.scatter(model.to_bytes(), broadcast=True, hash=False)
+        blob = broadcast(client, model.to_bytes())
         per_shard = [None if mode == "realign" else {u: alignments[u] for u in s.utts if u in alignments}
                      for s in shards]
         results = run_sharded(client, _estep_args, list(zip(shards, per_shard)), blob, mode, opts,
@@ -89,7 +89,7 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
     numgauss = model.am.num_gauss
     log(f"mono: {model.am.num_pdfs} pdfs, {len(shards)} shards, {sum(len(s.utts) for s in shards)} utterances")
     # Pass 0: equal alignment, then estimate (gmm-est --min-gaussian-occupancy=3).
-    blob = client.scatter(model.to_bytes(), broadcast=True, hash=False)
+    blob = broadcast(client, model.to_bytes())
     results = run_sharded(client, _estep_args, [(s, None) for s in shards], blob, "equal", AlignOptions(),
                           units=[len(s.utts) for s in shards], desc="iter0-equal", retries=retries)
     alignments: dict[str, np.ndarray] = {}
@@ -118,7 +118,7 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
     cfg = config["gmm"]["tri"]
     retries = config["dask"]["retries"]
     lang_dir = Path(lang_dir)
-    blob = client.scatter(mono.to_bytes(), broadcast=True, hash=False)
+    blob = broadcast(client, mono.to_bytes())
     per_shard = [{u: mono_alignments[u] for u in s.utts if u in mono_alignments} for s in shards]
     parts = run_sharded(client, _tree_stats_args, list(zip(shards, per_shard)), blob, desc="tree-stats",
                         retries=retries)

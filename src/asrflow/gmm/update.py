@@ -7,8 +7,6 @@ trained model is the same however many workers ran the E-step, or if one died.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from asrflow.gmm.estep import EStepResult
@@ -16,23 +14,11 @@ from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg, khg_ext
 
 
-@dataclass
-class Totals:
-    occ: np.ndarray
-    x: np.ndarray
-    x2: np.ndarray
-    trans: np.ndarray
-    like: float
-    frames: int
-    align_like: float
-    retried: int
-
-
-def sum_results(results: list[EStepResult]) -> Totals:
-    """Sum shard statistics in shard order (deterministic)."""
+def sum_results(results: list[EStepResult]) -> EStepResult:
+    """Sum shard statistics in shard order (deterministic); alignments and failures are not merged."""
     first = results[0]
-    total = Totals(first.occ.copy(), first.x.copy(), first.x2.copy(), first.trans.copy(), first.like,
-                   first.frames, first.align_like, first.retried)
+    total = EStepResult(first.occ.copy(), first.x.copy(), first.x2.copy(), first.trans.copy(), first.like,
+                        first.frames, retried=first.retried, align_like=first.align_like)
     for r in results[1:]:
         total.occ += r.occ
         total.x += r.x
@@ -84,7 +70,7 @@ def split_gaussians(model: GmmModel, pdf_occs: np.ndarray, target: int, rng: np.
         gmm.copy_from_diag_gmm(new)
 
 
-def m_step(model: GmmModel, totals: Totals, min_gaussian_occupancy: float = 10.0) -> tuple[float, float]:
+def m_step(model: GmmModel, totals: EStepResult, min_gaussian_occupancy: float = 10.0) -> tuple[float, float]:
     """``gmm-est`` without mixing up: transition and GMM maximum-likelihood updates.
 
     Returns ``(transition objective improvement, GMM objective improvement)`` per frame.
@@ -107,7 +93,7 @@ def m_step(model: GmmModel, totals: Totals, min_gaussian_occupancy: float = 10.0
     return (t_impr / t_count if t_count else 0.0), (g_impr / g_count if g_count else 0.0)
 
 
-def pdf_occupancies(model: GmmModel, totals: Totals) -> np.ndarray:
+def pdf_occupancies(model: GmmModel, totals: EStepResult) -> np.ndarray:
     """Occupancy of each pdf (sum over its Gaussians)."""
     offsets = model.gaussian_offsets()
     return np.add.reduceat(totals.occ, offsets[:-1]) if len(totals.occ) else np.zeros(model.am.num_pdfs)
