@@ -1,0 +1,116 @@
+"""Data pipeline for neural training: lazy feature loading, CMVN, targets, length-bucketed batches.
+
+Features are read utterance by utterance from the ark files through their scp offsets,
+so the corpus is never loaded into memory. Batches hold utterances of similar length up
+to a frame budget; their order is shuffled with ``seed + epoch``, so every epoch is
+reproducible and a resumed run sees the same batches. With ``world_size`` > 1 each rank
+takes every ``world_size``-th batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import torch
+
+from asrflow.data.datadir import read_table
+from asrflow.features import apply_cmvn, load, read_scp
+
+
+def read_int_archive(path: str | Path) -> dict[str, np.ndarray]:
+    """A Kaldi text archive of integer vectors (``utt 1 2 3``), e.g. ``ali/pdfs.txt``."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        utt, *values = line.split()
+        out[utt] = np.asarray(values, dtype=np.int64)
+    return out
+
+
+class FeatureDataset(torch.utils.data.Dataset):
+    """Per-utterance features of one split (CMVN applied), with optional frame targets.
+
+    Utterances without targets (when ``targets`` is given) or whose target length differs
+    from their frame count are left out and listed in :attr:`rejected` with the reason.
+    """
+
+    def __init__(self, data_dir: str | Path, feats_dir: str | Path, split: str,
+                 targets: dict[str, np.ndarray] | None = None) -> None:
+        feats_dir = Path(feats_dir)
+        scp = read_scp(feats_dir / split / "feats.scp")
+        frames = {u: int(n) for u, n in read_table(feats_dir / split / "utt2num_frames").items()}
+        utt2spk = read_table(Path(data_dir) / split / "utt2spk")
+        self.cmvn = dict(kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items())
+        self.rejected: dict[str, str] = {}
+        self.items: list[tuple[str, str, str, int]] = []
+        for utt in sorted(scp):
+            if targets is not None:
+                if utt not in targets:
+                    self.rejected[utt] = "no alignment"
+                    continue
+                if len(targets[utt]) != frames[utt]:
+                    self.rejected[utt] = f"alignment has {len(targets[utt])} frames, features {frames[utt]}"
+                    continue
+            self.items.append((utt, scp[utt], utt2spk[utt], frames[utt]))
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [item[3] for item in self.items]
+
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+        utt, value, spk, _ = self.items[index]
+        feats = torch.from_numpy(apply_cmvn(load(value), self.cmvn[spk]))
+        target = torch.from_numpy(self.targets[utt]) if self.targets is not None else None
+        return utt, feats, target
+
+
+class BucketBatchSampler(torch.utils.data.Sampler):
+    """Batches of indices of similar length, at most ``max_frames`` padded frames each."""
+
+    def __init__(self, lengths: list[int], max_frames: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1) -> None:
+        self.lengths, self.max_frames, self.seed = lengths, max_frames, seed
+        self.rank, self.world_size, self.epoch = rank, world_size, 0
+        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+        self.batches: list[list[int]] = []
+        batch: list[int] = []
+        for i in order:
+            if batch and lengths[i] * (len(batch) + 1) > max_frames:
+                self.batches.append(batch)
+                batch = []
+            batch.append(i)
+        if batch:
+            self.batches.append(batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def epoch_batches(self) -> list[list[int]]:
+        """This rank's batches for the current epoch, in a seed- and epoch-determined order."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.batches))
+        mine = [self.batches[i] for i in order][self.rank :: self.world_size]
+        return [list(rng.permutation(b)) for b in mine]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([[int(i) for i in b] for b in self.epoch_batches()])
+
+    def __len__(self) -> int:
+        return len(self.batches[self.rank :: self.world_size])
+
+
+def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[str, object]:
+    """Pad a batch: features (B, T, D), lengths (B,), targets (B, T) padded with -100 (ignored by CE)."""
+    utts = [b[0] for b in batch]
+    lengths = torch.tensor([b[1].shape[0] for b in batch])
+    feats = torch.nn.utils.rnn.pad_sequence([b[1] for b in batch], batch_first=True)
+    out: dict[str, object] = {"utts": utts, "feats": feats, "lengths": lengths}
+    if batch[0][2] is not None:
+        out["targets"] = torch.nn.utils.rnn.pad_sequence([b[2] for b in batch], batch_first=True, padding_value=-100)
+    return out

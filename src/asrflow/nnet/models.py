@@ -1,0 +1,124 @@
+"""Acoustic models: DNN over spliced frames, (B)LSTM with optional projection, CNN + TDNN.
+
+One factory, :func:`build_model`, builds every variant from a config dict, so a new model
+is a config, not a copy of the trainer. Every model maps features ``(batch, frames, dim)``
+and their lengths to per-frame logits ``(batch, frames', classes)`` and output lengths;
+none subsamples unless asked (``subsampling`` on the CNN), so hybrid frame targets align.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Stack each frame with ``context`` frames either side: (B, T, D) → (B, T, D·(2c+1)).
+
+    Frames past either edge repeat the first or last *valid* frame of each sequence (its
+    length), so a padded batch gives the same result as each utterance alone.
+    """
+    if context == 0:
+        return x
+    batch, frames, dim = x.shape
+    last = (lengths.to(x.device) - 1) if lengths is not None else torch.full((batch,), frames - 1, device=x.device)
+    t = torch.arange(frames, device=x.device)
+    parts = []
+    for offset in range(-context, context + 1):
+        index = torch.minimum((t + offset).clamp(min=0).unsqueeze(0), last.unsqueeze(1))  # (B, T)
+        parts.append(torch.gather(x, 1, index.unsqueeze(2).expand(-1, -1, dim)))
+    return torch.cat(parts, dim=2)
+
+
+class DNN(nn.Module):
+    """MLP over spliced frames (the classic hybrid DNN)."""
+
+    def __init__(self, input_dim: int, output_dim: int, hidden: int = 512, layers: int = 4,
+                 context: int = 5, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.context = context
+        blocks: list[nn.Module] = []
+        size = input_dim * (2 * context + 1)
+        for _ in range(layers):
+            blocks += [nn.Linear(size, hidden), nn.ReLU(), nn.LayerNorm(hidden), nn.Dropout(dropout)]
+            size = hidden
+        self.body = nn.Sequential(*blocks)
+        self.output = nn.Linear(size, output_dim)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.output(self.body(splice(x, self.context, lengths))), lengths
+
+
+class LSTM(nn.Module):
+    """Uni- or bidirectional LSTM, optionally with a projection (LSTMP)."""
+
+    def __init__(self, input_dim: int, output_dim: int, hidden: int = 320, layers: int = 3,
+                 bidirectional: bool = True, projection: int = 0, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(input_dim, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional,
+                           proj_size=projection, dropout=dropout if layers > 1 else 0.0)
+        out = (projection or hidden) * (2 if bidirectional else 1)
+        self.output = nn.Linear(out, output_dim)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        y, _ = self.rnn(packed)
+        y, _ = nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])
+        return self.output(y), lengths
+
+
+class CNN(nn.Module):
+    """2-D convolutional front end over (time, frequency), then TDNN (dilated 1-D convolution) layers."""
+
+    def __init__(self, input_dim: int, output_dim: int, channels: tuple[int, ...] = (32, 32),
+                 tdnn_dim: int = 384, tdnn_dilations: tuple[int, ...] = (1, 2, 3, 3), subsampling: int = 1,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        convs: list[nn.Module] = []
+        in_ch, freq = 1, input_dim
+        for i, ch in enumerate(channels):
+            stride_t = subsampling if i == 0 else 1
+            convs += [nn.Conv2d(in_ch, ch, kernel_size=3, stride=(stride_t, 2 if freq >= 8 else 1), padding=1),
+                      nn.ReLU(), nn.BatchNorm2d(ch)]
+            freq = (freq + 1) // 2 if freq >= 8 else freq
+            in_ch = ch
+        self.subsampling = subsampling
+        self.conv = nn.Sequential(*convs)
+        layers: list[nn.Module] = []
+        size = in_ch * freq
+        for d in tdnn_dilations:
+            layers += [nn.Conv1d(size, tdnn_dim, kernel_size=3, dilation=d, padding=d), nn.ReLU(),
+                       nn.BatchNorm1d(tdnn_dim), nn.Dropout(dropout)]
+            size = tdnn_dim
+        self.tdnn = nn.Sequential(*layers)
+        self.output = nn.Linear(size, output_dim)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        b, c, t, f = y.shape
+        y = y.permute(0, 1, 3, 2).reshape(b, c * f, t)
+        y = self.tdnn(y).transpose(1, 2)
+        out_lengths = (lengths + self.subsampling - 1) // self.subsampling
+        return self.output(y), out_lengths
+
+
+MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN}
+
+
+def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:
+    """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes."""
+    options = dict(config)
+    kind = options.pop("type", None)
+    if kind not in MODELS:
+        raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")
+    for key in ("channels", "tdnn_dilations"):
+        if key in options:
+            options[key] = tuple(options[key])
+    return MODELS[kind](input_dim, output_dim, **options)
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
