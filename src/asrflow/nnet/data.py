@@ -4,7 +4,8 @@ Features are read utterance by utterance from the ark files through their scp of
 so the corpus is never loaded into memory. Batches hold utterances of similar length up
 to a frame budget; their order is shuffled with ``seed + epoch``, so every epoch is
 reproducible and a resumed run sees the same batches. With ``world_size`` > 1 each rank
-takes every ``world_size``-th batch.
+takes every ``world_size``-th batch; the order is cut to a multiple of ``world_size`` so
+every rank runs the same number of steps (synchronous all-reduce needs that).
 """
 
 from __future__ import annotations
@@ -95,14 +96,15 @@ class BucketBatchSampler(torch.utils.data.Sampler):
         """This rank's batches for the current epoch, in a seed- and epoch-determined order."""
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.batches))
-        mine = [self.batches[i] for i in order][self.rank :: self.world_size]
+        usable = len(order) - len(order) % self.world_size if self.world_size > 1 else len(order)
+        mine = [self.batches[i] for i in order[:usable]][self.rank :: self.world_size]
         return [list(rng.permutation(b)) for b in mine]
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter([[int(i) for i in b] for b in self.epoch_batches()])
 
     def __len__(self) -> int:
-        return len(self.batches[self.rank :: self.world_size])
+        return len(self.batches) // self.world_size if self.world_size > 1 else len(self.batches)
 
 
 def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[str, object]:

@@ -1,0 +1,89 @@
+"""The trainer: learns, checkpoints, and resumes after SIGKILL to exactly the same model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
+
+SCRIPT = """
+import sys
+from pathlib import Path
+from asrflow.nnet.data import FeatureDataset
+from asrflow.nnet.train import TrainOptions, train
+from asrflow.features import read_scp
+from asrflow.data.datadir import read_table
+
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_frames").items()}
+# Learnable toy targets: 4 classes by position in the utterance.
+targets = {u: (__import__("numpy").arange(n) * 4 // n) for u, n in frames.items()}
+data = FeatureDataset(root / "data", root / "fbank", "train", targets)
+opts = TrainOptions(epochs=3, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, patience=5, seed=3)
+summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.1}, opts, data, data, 4, out,
+                log=lambda *_: None)
+print("best", summary["best_valid_loss"])
+"""
+
+
+def _run(root: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(root), str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_and_resume_gives_the_same_model(fbank, tmp_path: Path) -> None:  # noqa: F811
+    straight = _run(fbank, tmp_path / "straight")
+    output = straight.communicate(timeout=300)[0]
+    assert straight.returncode == 0, output
+    best = float(output.split("best")[-1])
+    assert best < 0.9 * torch.log(torch.tensor(4.0)).item()  # learnt something beyond chance (ln 4)
+    reference = torch.load(tmp_path / "straight" / "final.pt", weights_only=True)
+
+    interrupted = _run(fbank, tmp_path / "killed")
+    ckpt = tmp_path / "killed" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and interrupted.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert interrupted.poll() is None, "training finished before it could be killed"
+    os.kill(interrupted.pid, signal.SIGKILL)
+    interrupted.wait()
+    state = torch.load(ckpt, weights_only=True)["state"]
+    assert state["epoch"] == 0 and 0 < state["batch"]  # killed mid-epoch
+    resumed = _run(fbank, tmp_path / "killed")
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    final = torch.load(tmp_path / "killed" / "final.pt", weights_only=True)
+    assert final["model"].keys() == reference["model"].keys()
+    for key, value in reference["model"].items():
+        assert torch.equal(value, final["model"][key]), key
+    assert final["config"]["type"] == "dnn" and final["num_classes"] == 4
+    assert not list((tmp_path / "killed").glob("*.tmp"))
+
+
+def test_two_learners_under_torchrun(fbank, tmp_path: Path) -> None:  # noqa: F811
+    """DDP with gloo on loopback: both ranks step in lock-step and rank 0 writes the model."""
+    script = tmp_path / "train_toy.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(script), str(fbank), str(tmp_path / "ddp")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    final = torch.load(tmp_path / "ddp" / "final.pt", weights_only=True)
+    assert final["num_classes"] == 4
+    assert proc.stdout.count("best") == 2  # both ranks finished
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
