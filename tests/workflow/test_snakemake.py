@@ -124,3 +124,36 @@ def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
 def test_lint_is_clean(tmp_path: Path) -> None:
     out = snakemake(tmp_path, "--lint", "--configfile", str(YESNO), check=False)
     assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
+
+
+def test_hybrid_dnn_on_the_tri_alignments(yesno_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small DNN trained on the triphone alignments decodes yesno through the same HCLG."""
+    from asrflow.data.datadir import read_table
+    from asrflow.decode.decoder import DecodeOptions
+    from asrflow.gmm.model import GmmModel
+    from asrflow.gmm.shards import split_shards
+    from asrflow.lang.graph import read_symbols
+    from asrflow.nnet.data import FeatureDataset, read_int_archive
+    from asrflow.nnet.hybrid import decode_shard, pdf_priors
+    from asrflow.nnet.train import TrainOptions, train
+    from asrflow.score.wer import score_corpus
+
+    monkeypatch.chdir(yesno_run)  # archive indexes are relative to the Snakemake working directory
+    res = yesno_run / "results" / "yesno"
+    gmm = GmmModel.load(res / "gmm" / "train" / "tri")
+    targets = read_int_archive(res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt")
+    data = FeatureDataset(res / "data", res / "features" / "fbank", "train", targets)
+    opts = TrainOptions(epochs=15, max_frames=4000, lr=2e-3, warmup_steps=10, patience=4, seed=0)
+    summary = train({"type": "dnn", "hidden": 128, "layers": 2, "context": 5}, opts, data, data,
+                    gmm.am.num_pdfs, yesno_run / "dnn", log=lambda *_: None)
+    assert summary["best_valid_loss"] < 1.5
+    priors = pdf_priors(targets, gmm.am.num_pdfs)
+    shards = split_shards(res / "data", res / "features" / "fbank", res / "lang" / "train", "test", 100, deltas=0)
+    graph = str((res / "graph" / "train" / "tri" / "HCLG.fst").resolve())
+    results = [decode_shard(s, str(yesno_run / "dnn" / "final.pt"), priors, gmm.to_bytes(), graph,
+                            DecodeOptions(acoustic_scale=0.5)) for s in shards]
+    id2word = {i: w for w, i in read_symbols(res / "lang" / "train" / "words.txt").items()}
+    hyps = {u: " ".join(id2word[i] for i in ids if id2word[i] not in ("<eps>", "<SIL>"))
+            for r in results for u, ids in r.hyps.items()}
+    score, _ = score_corpus(read_table(res / "data" / "test" / "text"), hyps)
+    assert score["wer"] < 0.05, score

@@ -137,7 +137,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
             state["batch"] = index + 1
             frames = int(mask.sum())
             log_metrics(state["step"], {
-                "loss": float(loss), "frame_accuracy": float((logits[mask].argmax(-1) == targets[mask]).float().mean()),
+                "loss": float(loss.detach()), "frame_accuracy": float((logits[mask].argmax(-1) == targets[mask]).float().mean()),
                 "lr": scheduler.get_last_lr()[0], "frames_per_second": frames / (t2 - t0),
                 "data_wait_fraction": (t1 - t0) / (t2 - t0)})
             if state["step"] % opts.checkpoint_every == 0:

@@ -1,0 +1,21 @@
+import numpy as np
+import pytest
+
+from asrflow.nnet.hybrid import pdf_priors, transition_loglikes
+
+
+def test_priors_from_alignment_counts() -> None:
+    priors = pdf_priors({"a": np.array([0, 0, 1]), "b": np.array([1, 1, 1])}, 3)
+    assert np.exp(priors[:2]) == pytest.approx([2 / 6, 4 / 6])
+    assert priors[2] == pytest.approx(np.log(1e-8))
+
+
+def test_transition_columns_follow_their_pdfs() -> None:
+    log_post = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]))
+    log_prior = np.log(np.array([0.5, 0.25, 0.25]))
+    tid2pdf = np.array([0, 0, 0, 1, 2, 2])  # index 0 unused, transition ids 1..5
+    m = transition_loglikes(log_post, log_prior, tid2pdf, acoustic_scale=0.5)
+    assert m.shape == (2, 5) and m.dtype == np.float32
+    assert m[0, 0] == pytest.approx(0.5 * (np.log(0.7) - np.log(0.5)))
+    assert m[1, 4] == pytest.approx(0.5 * (np.log(0.8) - np.log(0.25)))
+    assert m[:, 0].tolist() == m[:, 1].tolist()  # two transitions of the same pdf
