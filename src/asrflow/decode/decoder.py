@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,24 +44,34 @@ def _graph(path: str):
     return _GRAPHS[key]
 
 
-def decode_shard(shard: Shard, model_blob: bytes, graph_path: str, opts: DecodeOptions) -> DecodeResult:
-    """1-best word ids of each utterance; an utterance with no surviving path gets a partial result."""
-    model = GmmModel.from_bytes(model_blob)
-    graph = _graph(graph_path)
-    feats = features(shard)
+def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
+               decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
+    """Run the lattice-faster decoder over ``(utt, frames, make_decodable)`` items; 1-best word ids.
+
+    Shared by every acoustic model: GMMs give a GMM decodable, networks a matrix of
+    pseudo-log-likelihoods. An utterance with no surviving path gets a partial result.
+    """
     config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active, lattice_beam=opts.lattice_beam)
-    decoder = khg.LatticeFasterDecoder(graph, config)
-    hyps, failed, frames = {}, [], 0
+    decoder = khg.LatticeFasterDecoder(_graph(graph_path), config)
+    hyps, failed, total = {}, [], 0
     start = time.perf_counter()
-    for utt, x in zip(shard.utts, feats):
-        decodable = khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=x, scale=opts.acoustic_scale)
-        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=decodable,
-                                                              trans_model=model.tm, utt=utt, allow_partial=True)
+    for utt, frames, make in decodables:
+        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
+                                                              trans_model=trans_model, utt=utt, allow_partial=True)
         hyps[utt] = [int(w) for w in words] if ok else []
         if not ok:
             failed.append(utt)
-        frames += x.shape[0]
-    return DecodeResult(hyps, failed, frames, time.perf_counter() - start)
+        total += frames
+    return DecodeResult(hyps, failed, total, time.perf_counter() - start)
+
+
+def decode_shard(shard: Shard, model_blob: bytes, graph_path: str, opts: DecodeOptions) -> DecodeResult:
+    """1-best word ids of each utterance of a shard with a GMM-HMM (runs on a Dask worker)."""
+    model = GmmModel.from_bytes(model_blob)
+    items = [(utt, x.shape[0],
+              lambda x=x: khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=x, scale=opts.acoustic_scale))
+             for utt, x in zip(shard.utts, features(shard))]
+    return decode_all(graph_path, model.tm, opts, items)
 
 
 def words_of(ids: list[int], id2word: list[str]) -> str:

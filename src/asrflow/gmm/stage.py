@@ -13,7 +13,6 @@ Output folder (``results/<exp>/gmm/<train split>/<system>/``)::
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 

@@ -308,7 +308,6 @@ def build_tree(
     leaf_events: dict[int, np.ndarray] = {}
     leaf_nodes: dict[int, Leaf] = {}
     leaf_root: dict[int, int] = {}
-    parent_of: dict[int, tuple[object, str | int]] = {}
 
     def best_split(leaf_id: int) -> _Candidate | None:
         idx = leaf_events[leaf_id]
@@ -351,7 +350,6 @@ def build_tree(
 
     # Phones sharing one root point to the same Leaf object; replacing it must update all slots.
     def replace(old: Leaf, new: Node) -> None:
-        nonlocal root
         for i, child in enumerate(table):
             if child is old:
                 table[i] = new

@@ -7,13 +7,12 @@ handed to Kaldi's lattice-faster decoder through the wheels' matrix decodable.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from asrflow.decode.decoder import DecodeOptions, DecodeResult, _graph
+from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_all
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg
@@ -47,25 +46,20 @@ def transition_loglikes(log_post: np.ndarray, log_prior: np.ndarray, tid2pdf: np
 
 def decode_shard(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
                  opts: DecodeOptions) -> DecodeResult:
-    """1-best word ids of a shard with the hybrid model (runs on a Dask worker)."""
+    """1-best word ids of a shard with the hybrid model (runs on a Dask worker).
+
+    The RTF includes the network's forward pass, since it runs inside the decodable.
+    """
     if network_path not in _NETS:
         _NETS[network_path] = load_network(network_path)
     network, _ = _NETS[network_path]
     gmm = GmmModel.from_bytes(gmm_blob)
-    graph = _graph(graph_path)
-    decoder = khg.LatticeFasterDecoder(graph, khg.LatticeFasterDecoderConfig(
-        beam=opts.beam, max_active=opts.max_active, lattice_beam=opts.lattice_beam))
-    hyps, failed, frames = {}, [], 0
-    start = time.perf_counter()
-    with torch.no_grad():
-        for utt, x in zip(shard.utts, features(shard)):
+
+    def pseudo_loglikes(x: np.ndarray):
+        with torch.no_grad():
             logits, _ = network(torch.from_numpy(x).unsqueeze(0), torch.tensor([x.shape[0]]))
-            log_post = torch.log_softmax(logits[0], dim=-1).numpy()
-            decodable = khg.DecodableCtc(transition_loglikes(log_post, priors, gmm.tid2pdf, opts.acoustic_scale))
-            ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=decodable,
-                                                                  trans_model=gmm.tm, utt=utt, allow_partial=True)
-            hyps[utt] = [int(w) for w in words] if ok else []
-            if not ok:
-                failed.append(utt)
-            frames += x.shape[0]
-    return DecodeResult(hyps, failed, frames, time.perf_counter() - start)
+        log_post = torch.log_softmax(logits[0], dim=-1).numpy()
+        return khg.DecodableCtc(transition_loglikes(log_post, priors, gmm.tid2pdf, opts.acoustic_scale))
+
+    items = [(utt, x.shape[0], lambda x=x: pseudo_loglikes(x)) for utt, x in zip(shard.utts, features(shard))]
+    return decode_all(graph_path, gmm.tm, opts, items)
