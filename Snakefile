@@ -3,12 +3,17 @@
 #   snakemake --cores all
 # and another with --configfile config/experiments/<name>.yaml.
 from asrflow.workflow import (
+    network_systems,
+    nnet_decode_inputs,
+    nnet_inputs,
+    optional_args,
     pipeline_finished,
     pipeline_started,
     results_dir,
     score_targets,
     setup_workflow,
     stage_fingerprint,
+    system_pattern,
     tests_of,
     train_split,
 )
@@ -26,6 +31,7 @@ include: "rules/data.smk"
 include: "rules/features.smk"
 include: "rules/lang.smk"
 include: "rules/gmm.smk"
+include: "rules/nnet.smk"
 include: "rules/decode.smk"
 include: "rules/score.smk"
 

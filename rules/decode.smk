@@ -1,4 +1,5 @@
-# Decoding graphs (HCLG per system) and decoding of the test splits on Dask.
+# Decoding graphs (HCLG per GMM system) and decoding of the test splits on Dask:
+# GMM-HMMs and hybrid networks through HCLG, CTC networks by prefix beam search.
 
 
 rule graph:
@@ -46,3 +47,28 @@ rule decode:
         "asrflow decode --config {params.config} --system {wildcards.system} --test {wildcards.test}"
         " --model {input.model} --graph {input.graph} --data {input.data} --features {input.features}"
         " --lang {input.lang} --out {output} --workers {threads} > {log} 2>&1"
+
+
+rule decode_nnet:
+    input:
+        unpack(lambda wildcards: nnet_decode_inputs(config, wildcards.test, wildcards.system)),
+    output:
+        directory(f"{RESULTS}/decode/{{system}}/{{test}}"),
+    wildcard_constraints:
+        test="[^/]*test",
+        system=system_pattern(network_systems(config)),
+    params:
+        config=RESOLVED,
+        fingerprint=lambda wildcards: stage_fingerprint(config, "decode_nnet", system=wildcards.system),
+        optional=lambda wildcards, input: optional_args(input, "gmm", "graph"),
+    threads: workflow.cores
+    log:
+        f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/decode.{{system}}.{{test}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow decode --config {params.config} --system {wildcards.system} --test {wildcards.test}"
+        " --model {input.model} --data {input.data} --features {input.features} --lang {input.lang}"
+        " {params.optional} --out {output} --workers {threads} > {log} 2>&1"

@@ -10,7 +10,7 @@ rule score:
         f"{RESULTS}/score/{{system}}/{{test}}.json",
     wildcard_constraints:
         test="[^/]*test",
-        system="mono|tri",
+        system="[A-Za-z][A-Za-z0-9_]*",
     params:
         config=RESOLVED,
     log:

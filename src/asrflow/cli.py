@@ -115,6 +115,44 @@ def cmd_gmm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nnet(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    from asrflow.nnet.stage import train_system
+    from asrflow.nnet.transcribe import bundle_files
+    from asrflow.tracking import StageRun, stage_run
+    from asrflow.tracking.pyfunc import log_transcriber
+
+    config = _load(args)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.threads:
+        torch.set_num_threads(max(1, args.threads // world))
+    rank = int(os.environ.get("RANK", "0"))
+    gmm = Path(args.gmm) if args.gmm else None
+    graph = Path(args.graph) if args.graph else None
+    if rank != 0:  # only rank 0 talks to MLflow
+        train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, StageRun(),
+                     state_dir=args.state, log=lambda m: None)
+        return 0
+    with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
+        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
+        manifest = train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, run,
+                                state_dir=args.state, log=_log)
+        run.log_metrics({k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
+                                                   "frames_per_second", "data_wait_fraction", "rejected")})
+        out = Path(args.out)
+        run.log_artifact(out / "manifest.json")
+        run.log_artifact(out / "report.tsv")
+        files = bundle_files(config, args.system, out, gmm, graph, Path(args.lang) if args.lang else None)
+        run.log_artifact(out / "final.pt")
+        uri = log_transcriber(run, files)
+        if uri:
+            _log(f"MLflow pyfunc model: {uri}")
+    return 0
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from asrflow.decode.stage import make_graph
 
@@ -127,11 +165,20 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from asrflow.decode.stage import decode_split
     from asrflow.tracking import stage_run
 
+    from asrflow.config import GMM_SYSTEMS
+    from asrflow.decode.stage import decode_split_nnet
+
     config = _load(args)
     with stage_run(config, f"decode-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
+        run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
         with dask_client(config["dask"], args.workers, log=_log) as client:
-            info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
-                                args.out, client, log=_log)
+            if args.system in GMM_SYSTEMS:
+                info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
+                                    args.out, client, log=_log)
+            else:
+                info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
+                                         args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
+                                         log=_log)
         run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"])})
     return 0
 
@@ -222,9 +269,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_graph)
 
-    p = with_config(sub.add_parser("decode", help="decode a test split with HCLG on Dask"))
-    for name in ("system", "test", "model", "graph", "data", "features", "lang", "out"):
+    p = with_config(sub.add_parser("nnet", help="train a network of nnet.models (run it under torchrun)"))
+    p.add_argument("--system", required=True, help="a name in nnet.models")
+    for name in ("train", "data", "features", "out"):
         p.add_argument(f"--{name}", required=True)
+    p.add_argument("--gmm", help="GMM system folder with the alignments (hybrid)")
+    p.add_argument("--graph", help="its HCLG folder (bundled into the MLflow model of a hybrid network)")
+    p.add_argument("--lang", help="lang folder (its LM is bundled into the MLflow model of a CTC network)")
+    p.add_argument("--state", help="folder for the resumable training state (default: <out>/state)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads, shared by the local processes")
+    p.set_defaults(func=cmd_nnet)
+
+    p = with_config(sub.add_parser("decode", help="decode a test split (GMM or network) on Dask"))
+    for name in ("system", "test", "model", "data", "features", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--graph", help="HCLG folder (GMM and hybrid systems)")
+    p.add_argument("--gmm", help="GMM system folder (hybrid networks: transition model)")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_decode)
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,12 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "lang": ("lang",),
     "gmm": ("seed", "gmm"),
     "decode": ("decode",),
+    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.processes", "nnet.train",
+             "nnet.models.{system}"),
+    "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
 }
+
+GMM_SYSTEMS = ("mono", "tri")
 
 
 def train_split(test: str) -> str:
@@ -47,6 +53,40 @@ def score_targets(config: dict[str, Any]) -> list[str]:
     root = results_dir(config)
     return [f"{root}/score/{system}/{test}.json"
             for system in config["evaluation"]["systems"] for test in config["evaluation"]["test_sets"]]
+
+
+def network_systems(config: dict[str, Any]) -> list[str]:
+    """The evaluated systems that are networks (``nnet.models`` entries)."""
+    return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS]
+
+
+def system_pattern(names: list[str] | tuple[str, ...]) -> str:
+    """A wildcard constraint matching exactly ``names`` (matching nothing when empty)."""
+    return "|".join(re.escape(n) for n in names) or "(?!x)x"
+
+
+def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph."""
+    root = results_dir(config)
+    inputs = {"data": f"{root}/data", "features": f"{root}/features/{config['nnet']['features']}",
+              "lang": f"{root}/lang/{train}"}
+    if config["nnet"]["models"][system]["objective"] == "hybrid":
+        ali = config["nnet"]["alignments"]
+        inputs.update(gmm=f"{root}/gmm/{train}/{ali}", graph=f"{root}/graph/{train}/{ali}")
+    return inputs
+
+
+def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
+    """Inputs of decoding ``test`` with network ``system``: the network and what it was trained with."""
+    train = train_split(test)
+    inputs = nnet_inputs(config, train, system)
+    inputs["model"] = f"{results_dir(config)}/nnet/{train}/{system}"
+    return inputs
+
+
+def optional_args(inputs: Any, *names: str) -> str:
+    """``--name path`` for each of ``names`` present in a rule's ``input``."""
+    return " ".join(f"--{n} {inputs[n]}" for n in names if n in inputs.keys())
 
 
 def results_dir(config: dict[str, Any]) -> str:
@@ -76,9 +116,9 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "") -> str:
+def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system: str = "") -> str:
     """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`)."""
-    keys = [k.format(kind=kind) for k in STAGE_SECTIONS[stage]]
+    keys = [k.format(kind=kind, system=system) for k in STAGE_SECTIONS[stage]]
     return section_fingerprint({k: _lookup(config, k) for k in keys}, *keys)
 
 

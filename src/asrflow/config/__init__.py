@@ -1,6 +1,7 @@
 """Experiment configuration: load YAML, merge overlays, validate against the schema, fill defaults."""
 
 from asrflow.config.schema import (
+    GMM_SYSTEMS,
     ConfigError,
     load_config,
     resolve_config,
@@ -10,6 +11,7 @@ from asrflow.config.schema import (
 )
 
 __all__ = [
+    "GMM_SYSTEMS",
     "ConfigError",
     "load_config",
     "resolve_config",

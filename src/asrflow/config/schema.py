@@ -38,15 +38,37 @@ def _load_schema(path: Path | None = None) -> dict[str, Any]:
         return yaml.safe_load(handle)
 
 
-def _fill_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
-    """Recursively set ``default`` values of missing properties (objects only)."""
-    if not isinstance(instance, dict):
+def _deref(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = schema.get("$ref")
+    if not ref:
+        return schema
+    target = root
+    for part in ref.removeprefix("#/").split("/"):
+        target = target[part]
+    return {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+
+
+def _fill_defaults(instance: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> None:
+    """Recursively set ``default`` values of missing properties (objects only).
+
+    Follows local ``$ref`` and ``additionalProperties`` schemas (named entries such as
+    ``nnet.models.<name>``); a schema marked ``x-no-defaults`` (overrides) is left as given.
+    """
+    root = root or schema
+    schema = _deref(schema, root)
+    if not isinstance(instance, dict) or schema.get("x-no-defaults"):
         return
-    for key, sub in schema.get("properties", {}).items():
+    properties = schema.get("properties", {})
+    for key, sub in properties.items():
+        sub = _deref(sub, root)
         if key not in instance and "default" in sub:
             instance[key] = copy.deepcopy(sub["default"])
         if key in instance:
-            _fill_defaults(instance[key], sub)
+            _fill_defaults(instance[key], sub, root)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, Mapping):
+        for key in set(instance) - set(properties):
+            _fill_defaults(instance[key], extra, root)
 
 
 def _dotted(path: Iterable[Any]) -> str:
@@ -98,7 +120,35 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(_explain(e, schema) for e in errors))
     if config["audio"]["min_duration"] >= config["audio"]["max_duration"]:
         raise ConfigError("config key 'audio.min_duration' must be below 'audio.max_duration'")
+    _check_systems(config)
     return config
+
+
+GMM_SYSTEMS = ("mono", "tri")
+
+
+def _check_systems(config: dict[str, Any]) -> None:
+    """Every evaluated system exists; networks get their type's size defaults filled in."""
+    models = config["nnet"]["models"]
+    for system in config["evaluation"]["systems"]:
+        if system in GMM_SYSTEMS:
+            continue
+        if system not in models:
+            hint = difflib.get_close_matches(system, [*GMM_SYSTEMS, *models], n=1)
+            raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system (mono, tri) nor "
+                              f"a network in nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                              + f"; networks defined: {', '.join(models) or 'none'}")
+    if models and config["nnet"]["features"] not in config["features"]["kinds"]:
+        raise ConfigError(f"config key 'nnet.features': {config['nnet']['features']!r} is not extracted; "
+                          f"add it to features.kinds ({', '.join(config['features']['kinds'])})")
+    if models:
+        from asrflow.nnet.models import complete_model_config
+
+        for name, model in models.items():
+            try:
+                models[name] = complete_model_config(model)
+            except ValueError as exc:
+                raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
 
 
 def load_config(*paths: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -31,34 +32,41 @@ class DecodeOptions:
 
 @dataclass
 class DecodeResult:
-    hyps: dict[str, list[int]]
+    hyps: dict[str, list[str]]  # utterance -> words
     failed: list[str]
     frames: int
     seconds: float
 
 
-def _graph(path: str):
+def _graph(path: str) -> tuple[object, list[str]]:
+    """The graph and its word list (``words.txt`` beside it), cached per worker."""
     key = (path, os.stat(path).st_mtime_ns)
     if key not in _GRAPHS:
-        _GRAPHS[key] = kfst.StdVectorFst.read(path)
+        words = {}
+        for line in (Path(path).parent / "words.txt").read_text(encoding="utf-8").splitlines():
+            word, index = line.split()
+            words[int(index)] = word
+        id2word = [words.get(i, "") for i in range(max(words) + 1)]
+        _GRAPHS[key] = (kfst.StdVectorFst.read(path), id2word)
     return _GRAPHS[key]
 
 
 def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
                decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
-    """Run the lattice-faster decoder over ``(utt, frames, make_decodable)`` items; 1-best word ids.
+    """Run the lattice-faster decoder over ``(utt, frames, make_decodable)`` items; 1-best words.
 
     Shared by every acoustic model: GMMs give a GMM decodable, networks a matrix of
     pseudo-log-likelihoods. An utterance with no surviving path gets a partial result.
     """
     config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active, lattice_beam=opts.lattice_beam)
-    decoder = khg.LatticeFasterDecoder(_graph(graph_path), config)
+    graph, id2word = _graph(graph_path)
+    decoder = khg.LatticeFasterDecoder(graph, config)
     hyps, failed, total = {}, [], 0
     start = time.perf_counter()
     for utt, frames, make in decodables:
         ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
                                                               trans_model=trans_model, utt=utt, allow_partial=True)
-        hyps[utt] = [int(w) for w in words] if ok else []
+        hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)
         total += frames

@@ -143,3 +143,53 @@ class KneserNeyLM:
                 history = (history + (w,))[-(self.order - 1):] if self.order > 1 else ()
                 n += 1
         return math.exp(-logprob / n) if n else float("inf")
+
+
+class ArpaLM:
+    """A backoff n-gram model read from an ARPA file, scored in natural log (for CTC search).
+
+    ``logprob`` follows the ARPA backoff rule: the longest listed n-gram, else the history's
+    backoff weight plus the shorter history's estimate. Words the model lacks score
+    ``<unk>`` when it is listed, else ``oov_logprob``.
+    """
+
+    def __init__(self, path: str | Path, oov_logprob: float = -10.0) -> None:
+        self.prob: dict[tuple, float] = {}
+        self.backoff: dict[tuple, float] = {}
+        ln10 = math.log(10.0)
+        order = 0
+        for raw in Path(path).read_text(encoding="utf-8").splitlines():
+            line = raw.strip()
+            if not line or line.startswith("\\data\\") or line.startswith("ngram ") or line == "\\end\\":
+                continue
+            if line.startswith("\\") and line.endswith("-grams:"):
+                order = int(line[1:].split("-")[0])
+                continue
+            fields = line.split()
+            if len(fields) < order + 1:
+                raise ValueError(f"{path}: malformed {order}-gram line {raw!r}")
+            gram = tuple(fields[1 : order + 1])
+            self.prob[gram] = float(fields[0]) * ln10
+            if len(fields) > order + 1:
+                self.backoff[gram] = float(fields[order + 1]) * ln10
+        self.order = max((len(g) for g in self.prob), default=1)
+        self.vocab = {g[0] for g in self.prob if len(g) == 1}
+        self.oov_logprob = oov_logprob
+        self._cache: dict[tuple, float] = {}
+
+    def logprob(self, word: str, history: tuple = ()) -> float:
+        """ln p(word | history)."""
+        if word not in self.vocab:
+            return self.prob[(UNK,)] if UNK in self.vocab else self.oov_logprob
+        history = tuple(history)[-(self.order - 1):] if self.order > 1 else ()
+        key = history + (word,)
+        if key in self._cache:
+            return self._cache[key]
+        if key in self.prob:
+            value = self.prob[key]
+        elif not history:
+            value = self.oov_logprob
+        else:
+            value = self.backoff.get(history, 0.0) + self.logprob(word, history[1:])
+        self._cache[key] = value
+        return value

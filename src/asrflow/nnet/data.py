@@ -31,14 +31,18 @@ def read_int_archive(path: str | Path) -> dict[str, np.ndarray]:
 
 
 class FeatureDataset(torch.utils.data.Dataset):
-    """Per-utterance features of one split (CMVN applied), with optional frame targets.
+    """Per-utterance features of one split (CMVN applied), with optional targets.
 
-    Utterances without targets (when ``targets`` is given) or whose target length differs
-    from their frame count are left out and listed in :attr:`rejected` with the reason.
+    ``targets`` are per-frame labels (``frame_targets=True``, hybrid) or label sequences
+    (CTC). Utterances without targets, with frame targets of the wrong length, with an empty
+    label sequence, or with more labels than ``frames // subsampling`` (CTC cannot emit
+    them) are left out and listed in :attr:`rejected` with the reason. ``utterances``
+    restricts the set (e.g. a held-out part of the training split).
     """
 
     def __init__(self, data_dir: str | Path, feats_dir: str | Path, split: str,
-                 targets: dict[str, np.ndarray] | None = None) -> None:
+                 targets: dict[str, np.ndarray] | None = None, frame_targets: bool = True,
+                 utterances: set[str] | None = None, subsampling: int = 1) -> None:
         feats_dir = Path(feats_dir)
         scp = read_scp(feats_dir / split / "feats.scp")
         frames = {u: int(n) for u, n in read_table(feats_dir / split / "utt2num_frames").items()}
@@ -47,15 +51,15 @@ class FeatureDataset(torch.utils.data.Dataset):
         self.rejected: dict[str, str] = {}
         self.items: list[tuple[str, str, str, int]] = []
         for utt in sorted(scp):
-            if targets is not None:
-                if utt not in targets:
-                    self.rejected[utt] = "no alignment"
-                    continue
-                if len(targets[utt]) != frames[utt]:
-                    self.rejected[utt] = f"alignment has {len(targets[utt])} frames, features {frames[utt]}"
-                    continue
+            if utterances is not None and utt not in utterances:
+                continue
+            reason = _target_problem(targets, utt, frames[utt], frame_targets, subsampling)
+            if reason:
+                self.rejected[utt] = reason
+                continue
             self.items.append((utt, scp[utt], utt2spk[utt], frames[utt]))
         self.targets = targets
+        self.frame_targets = frame_targets
 
     def __len__(self) -> int:
         return len(self.items)
@@ -69,6 +73,22 @@ class FeatureDataset(torch.utils.data.Dataset):
         feats = torch.from_numpy(apply_cmvn(load(value), self.cmvn[spk]))
         target = torch.from_numpy(self.targets[utt]) if self.targets is not None else None
         return utt, feats, target
+
+
+def _target_problem(targets: dict[str, np.ndarray] | None, utt: str, frames: int, frame_targets: bool,
+                    subsampling: int) -> str:
+    """Why ``utt`` cannot be trained on ("" when it can)."""
+    if targets is None:
+        return ""
+    if utt not in targets:
+        return "no alignment" if frame_targets else "no transcript units"
+    n = len(targets[utt])
+    if frame_targets:
+        return "" if n == frames else f"alignment has {n} frames, features {frames}"
+    if n == 0:
+        return "empty transcript"
+    outputs = (frames + subsampling - 1) // subsampling
+    return "" if n <= outputs else f"{n} units but only {outputs} output frames"
 
 
 class BucketBatchSampler(torch.utils.data.Sampler):
@@ -108,11 +128,15 @@ class BucketBatchSampler(torch.utils.data.Sampler):
 
 
 def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[str, object]:
-    """Pad a batch: features (B, T, D), lengths (B,), targets (B, T) padded with -100 (ignored by CE)."""
+    """Pad a batch: features (B, T, D), lengths (B,), targets (B, L) padded with -100, target lengths (B,).
+
+    -100 is ignored by frame cross-entropy; CTC reads the first ``target_lengths`` labels.
+    """
     utts = [b[0] for b in batch]
     lengths = torch.tensor([b[1].shape[0] for b in batch])
     feats = torch.nn.utils.rnn.pad_sequence([b[1] for b in batch], batch_first=True)
     out: dict[str, object] = {"utts": utts, "feats": feats, "lengths": lengths}
     if batch[0][2] is not None:
         out["targets"] = torch.nn.utils.rnn.pad_sequence([b[2] for b in batch], batch_first=True, padding_value=-100)
+        out["target_lengths"] = torch.tensor([len(b[2]) for b in batch])
     return out

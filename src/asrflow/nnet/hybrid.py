@@ -7,27 +7,13 @@ handed to Kaldi's lattice-faster decoder through the wheels' matrix decodable.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import torch
 
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_all
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg
-from asrflow.nnet.models import build_model
-
-_NETS: dict[str, tuple] = {}
-
-
-def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
-    """A trained network from ``final.pt`` (``weights_only`` load), in eval mode."""
-    saved = torch.load(path, weights_only=True)
-    model = build_model(saved["config"], saved["input_dim"], saved["num_classes"])
-    model.load_state_dict(saved["model"])
-    return model.eval(), saved
-
+from asrflow.nnet.inference import cached_network, log_posteriors
 
 def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8) -> np.ndarray:
     """Log prior of each pdf from the training alignment counts."""
@@ -50,15 +36,11 @@ def decode_shard(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: 
 
     The RTF includes the network's forward pass, since it runs inside the decodable.
     """
-    if network_path not in _NETS:
-        _NETS[network_path] = load_network(network_path)
-    network, _ = _NETS[network_path]
+    network, _ = cached_network(network_path)
     gmm = GmmModel.from_bytes(gmm_blob)
 
     def pseudo_loglikes(x: np.ndarray):
-        with torch.no_grad():
-            logits, _ = network(torch.from_numpy(x).unsqueeze(0), torch.tensor([x.shape[0]]))
-        log_post = torch.log_softmax(logits[0], dim=-1).numpy()
+        log_post = log_posteriors(network, x)
         return khg.DecodableCtc(transition_loglikes(log_post, priors, gmm.tid2pdf, opts.acoustic_scale))
 
     items = [(utt, x.shape[0], lambda x=x: pseudo_loglikes(x)) for utt, x in zip(shard.utts, features(shard))]

@@ -8,6 +8,7 @@ none subsamples unless asked (``subsampling`` on the CNN), so hybrid frame targe
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -107,9 +108,36 @@ class CNN(nn.Module):
 MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN}
 
 
+#: Config keys that are not model sizes (objective, units and training overrides).
+NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train")
+
+
+def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the type's size defaults filled in; a size key the type lacks is an error."""
+    kind = config.get("type")
+    if kind not in MODELS:
+        raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")
+    params = {name: p.default for name, p in inspect.signature(MODELS[kind].__init__).parameters.items()
+              if name not in ("self", "input_dim", "output_dim")}
+    unknown = sorted(set(config) - set(params) - set(NON_SIZE_KEYS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} not an option of a {kind} model; its options: {', '.join(params)}")
+    if config.get("objective", "hybrid") == "hybrid" and config.get("subsampling", 1) != 1:
+        raise ValueError("subsampling must be 1 for a hybrid model (its frame targets are not subsampled)")
+    out = dict(config)
+    for name, default in params.items():
+        out.setdefault(name, list(default) if isinstance(default, tuple) else default)
+    return out
+
+
+def network_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys :func:`build_model` takes (type and sizes) from a model entry of the config."""
+    return {k: v for k, v in config.items() if k == "type" or k not in NON_SIZE_KEYS}
+
+
 def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:
     """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes."""
-    options = dict(config)
+    options = network_config(config)
     kind = options.pop("type", None)
     if kind not in MODELS:
         raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")

@@ -1,10 +1,11 @@
-"""One trainer for every neural acoustic model (frame cross-entropy on tied-state targets).
+"""One trainer for every neural acoustic model and objective (hybrid frame CE or CTC).
 
 Runs as one process or under ``torchrun`` (``torch.distributed``: gloo on CPU, NCCL on GPU,
 DDP all-reduce). Checkpoints hold the full state — model, optimiser, scheduler, RNG, epoch
 and position inside the epoch — are written atomically every ``checkpoint_every`` steps and
 loaded with ``weights_only=True``; a run killed at any point and restarted ends with the
-same model as an uninterrupted one.
+same model as an uninterrupted one. On a GPU the forward pass runs under bfloat16 autocast
+(``amp``); losses are computed in float32.
 """
 
 from __future__ import annotations
@@ -19,38 +20,61 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn import functional as F
 
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, collate
 from asrflow.nnet.models import build_model, parameter_count
+from asrflow.nnet.objectives import OBJECTIVES
 
 CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass
 class TrainOptions:
-    """Optimisation settings (the ``nnet`` config section, without the model)."""
+    """Optimisation settings (``nnet.train`` merged with a model's own ``train`` overrides)."""
 
     epochs: int = 10
     max_frames: int = 20000
     lr: float = 1e-3
+    schedule: str = "warmup_invsqrt"  # or "newbob"
     warmup_steps: int = 100
+    newbob_threshold: float = 0.005  # relative held-out loss gain below which newbob halves the rate
+    newbob_factor: float = 0.5
     weight_decay: float = 1e-4
     clip: float = 5.0
     checkpoint_every: int = 50
     patience: int = 3
+    amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
     seed: int = 0
 
 
-class _Schedule:
-    """Learning-rate factor: linear warm-up, then inverse square-root decay."""
+class Schedule:
+    """Learning-rate factor: linear warm-up, then inverse square-root decay (``warmup_invsqrt``)
+    or constant with newbob halving on a held-out plateau (``newbob``).
 
-    def __init__(self, warmup: int) -> None:
-        self.warmup = max(warmup, 1)
+    A callable object, so ``LambdaLR.state_dict`` saves :attr:`scale` with the checkpoint.
+    """
+
+    def __init__(self, kind: str, warmup: int) -> None:
+        if kind not in ("warmup_invsqrt", "newbob"):
+            raise ValueError(f"unknown learning-rate schedule {kind!r}")
+        self.kind, self.warmup, self.scale = kind, max(warmup, 1), 1.0
 
     def __call__(self, step: int) -> float:
         step += 1
-        return min(step / self.warmup, math.sqrt(self.warmup / step))
+        ramp = min(step / self.warmup, 1.0)
+        if self.kind == "newbob":
+            return ramp * self.scale
+        return min(ramp, math.sqrt(self.warmup / step))
+
+
+def newbob_update(schedule: Schedule, previous: float, current: float, opts: TrainOptions) -> bool:
+    """Halve the newbob scale when the held-out loss improved by less than the threshold."""
+    if schedule.kind != "newbob" or not math.isfinite(previous):
+        return False
+    if (previous - current) / abs(previous) < opts.newbob_threshold:
+        schedule.scale *= opts.newbob_factor
+        return True
+    return False
 
 
 def _atomic_save(state: dict, path: Path) -> None:
@@ -59,106 +83,191 @@ def _atomic_save(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _distributed() -> tuple[int, int]:
+def _distributed() -> tuple[int, int, torch.device]:
+    """Rank, world size and device; joins the process group when started by ``torchrun``."""
+    cuda = torch.cuda.is_available()
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
 
 
-def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int) -> tuple[float, float]:
-    """Held-out cross-entropy per frame and frame accuracy."""
+def _autocast(device: torch.device, enabled: bool):
+    """bfloat16 autocast on a GPU (no loss scaling needed); a no-op context on CPU."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
+
+
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, objective: str = "hybrid",
+             device: torch.device = torch.device("cpu"), amp: bool = False) -> tuple[float, float | None]:
+    """Held-out loss (per frame for hybrid, per utterance for CTC) and frame accuracy (hybrid)."""
     model.eval()
-    loss = correct = frames = 0.0
+    loss_sum = count = correct = 0.0
     sampler = BucketBatchSampler(dataset.lengths, max_frames, seed=0)
-    with torch.no_grad():
-        for batch in torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate):
-            logits, _ = model(batch["feats"], batch["lengths"])
-            targets = batch["targets"]
-            mask = targets != -100
-            loss += float(F.cross_entropy(logits[mask], targets[mask], reduction="sum"))
-            correct += float((logits[mask].argmax(-1) == targets[mask]).sum())
-            frames += float(mask.sum())
+    with torch.no_grad(), _autocast(device, amp):
+        for indices in sampler:
+            batch = _to(collate([dataset[i] for i in indices]), device)
+            logits, out_lengths = model(batch["feats"], batch["lengths"])
+            _, stats = OBJECTIVES[objective](logits, out_lengths, batch)
+            loss_sum += stats.loss_sum
+            count += stats.count
+            correct += stats.correct or 0
     model.train()
-    return loss / max(frames, 1), correct / max(frames, 1)
+    accuracy = correct / max(count, 1) if objective == "hybrid" else None
+    return loss_sum / max(count, 1), accuracy
+
+
+def _average(values: list[float], device: torch.device, world: int) -> list[float]:
+    """Sum ``values`` over ranks (held-out statistics of each rank's part)."""
+    if world == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
 
 
 def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDataset, valid_set: FeatureDataset,
           num_classes: int, out_dir: str | Path, log_metrics: Callable[[int, dict], None] = lambda s, m: None,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) and write ``final.pt``; returns a summary."""
+          log: Callable[[str], None] = print, objective: str = "hybrid",
+          extra: dict[str, Any] | None = None, state_dir: str | Path | None = None) -> dict[str, Any]:
+    """Train (or resume) and write ``final.pt`` (the best held-out model); returns a summary.
+
+    Checkpoints go to ``state_dir`` (default ``out_dir``); one written by a run with another
+    model, objective, class count or options is ignored rather than resumed.
+
+    ``objective`` is ``hybrid`` (frame cross-entropy on ``train_set``'s frame targets) or
+    ``ctc`` (its unit sequences). ``extra`` is stored in ``final.pt`` beside the weights
+    (e.g. the unit inventory), so a model file is self-describing.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    loss_fn = OBJECTIVES[objective]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rank, world = _distributed()
+    rank, world, device = _distributed()
     torch.manual_seed(opts.seed)
     input_dim = train_set[0][1].shape[1]
-    model = build_model(model_config, input_dim, num_classes)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    model = build_model(model_config, input_dim, num_classes).to(device)
+    ddp = (torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+           if world > 1 else model)
     optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, _Schedule(opts.warmup_steps))
+    schedule = Schedule(opts.schedule, opts.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     sampler = BucketBatchSampler(train_set.lengths, opts.max_frames, opts.seed, rank, world)
-    state = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "bad_epochs": 0}
-    ckpt = out / CHECKPOINT
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=True)
+    valid_sampler_rank = (rank, world)
+    state = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"), "bad_epochs": 0}
+    state_path = Path(state_dir) if state_dir else out
+    state_path.mkdir(parents=True, exist_ok=True)
+    ckpt = state_path / CHECKPOINT
+    identity = repr((sorted(model_config.items()), objective, num_classes, input_dim, sorted(vars(opts).items()),
+                     len(train_set), world))
+    saved = torch.load(ckpt, weights_only=True, map_location=device) if ckpt.is_file() else None
+    if saved is not None and saved.get("identity") != identity:
+        log(f"ignoring {ckpt}: written by a run with other settings")
+        saved = None
+    if saved is not None:
         model.load_state_dict(saved["model"])
         optimiser.load_state_dict(saved["optimiser"])
         scheduler.load_state_dict(saved["scheduler"])
-        torch.set_rng_state(saved["rng"])
+        torch.set_rng_state(saved["rng"].cpu())
         state = saved["state"]
         log(f"resumed from {ckpt}: epoch {state['epoch']}, batch {state['batch']}, step {state['step']}")
+    header = {"config": dict(model_config), "num_classes": num_classes, "input_dim": input_dim,
+              "objective": objective, **(extra or {})}
 
     def save() -> None:
         if rank == 0:
             _atomic_save({"model": model.state_dict(), "optimiser": optimiser.state_dict(),
-                          "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "state": dict(state)},
-                         ckpt)
+                          "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "state": dict(state),
+                          "identity": identity}, ckpt)
 
+    valid_part = _rank_part(valid_set, *valid_sampler_rank)
     start = time.perf_counter()
+    frames_total = compute_seconds = wait_seconds = 0.0
     while state["epoch"] < opts.epochs and state["bad_epochs"] < opts.patience:
         sampler.set_epoch(state["epoch"])
         batches = sampler.epoch_batches()
         for index in range(state["batch"], len(batches)):
             t0 = time.perf_counter()
-            batch = collate([train_set[i] for i in batches[index]])
+            batch = _to(collate([train_set[i] for i in batches[index]]), device)
             t1 = time.perf_counter()
-            logits, _ = ddp(batch["feats"], batch["lengths"])
-            targets = batch["targets"]
-            mask = targets != -100
-            loss = F.cross_entropy(logits[mask], targets[mask])
+            with _autocast(device, opts.amp):
+                logits, out_lengths = ddp(batch["feats"], batch["lengths"])
+            loss, stats = loss_fn(logits, out_lengths, batch)
             optimiser.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip)
             optimiser.step()
             scheduler.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             t2 = time.perf_counter()
             state["step"] += 1
             state["batch"] = index + 1
-            frames = int(mask.sum())
-            log_metrics(state["step"], {
-                "loss": float(loss.detach()), "frame_accuracy": float((logits[mask].argmax(-1) == targets[mask]).float().mean()),
-                "lr": scheduler.get_last_lr()[0], "frames_per_second": frames / (t2 - t0),
-                "data_wait_fraction": (t1 - t0) / (t2 - t0)})
+            frames_total += stats.frames
+            compute_seconds += t2 - t1
+            wait_seconds += t1 - t0
+            metrics = {"loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0],
+                       "frames_per_second": stats.frames * world / (t2 - t0),
+                       "data_wait_fraction": (t1 - t0) / (t2 - t0)}
+            if stats.correct is not None:
+                metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
+            log_metrics(state["step"], metrics)
             if state["step"] % opts.checkpoint_every == 0:
                 save()
-        valid_loss, valid_acc = evaluate(model, valid_set, opts.max_frames)
-        log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}, frame accuracy {valid_acc:.4f}")
-        log_metrics(state["step"], {"valid_loss": valid_loss, "valid_frame_accuracy": valid_acc})
+        valid_loss, valid_acc = _held_out(model, valid_part, opts, objective, device, world)
+        log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
+            + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
+            + f", lr {scheduler.get_last_lr()[0]:.2e}")
+        log_metrics(state["step"], {"valid_loss": valid_loss, "epoch": state["epoch"],
+                                    **({"valid_frame_accuracy": valid_acc} if valid_acc is not None else {})})
+        if newbob_update(schedule, state["last"], valid_loss, opts):
+            for group, base in zip(optimiser.param_groups, scheduler.base_lrs):  # apply it at once
+                group["lr"] = base * schedule(scheduler.last_epoch)
+            log(f"newbob: learning-rate scale now {schedule.scale:g}")
+        state["last"] = valid_loss
         if valid_loss < state["best"] - 1e-4:
             state["best"], state["bad_epochs"] = valid_loss, 0
             if rank == 0:
-                _atomic_save({"model": model.state_dict(), "config": dict(model_config),
-                              "num_classes": num_classes, "input_dim": input_dim}, out / "best.pt")
+                _atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
         else:
             state["bad_epochs"] += 1
         state["epoch"] += 1
         state["batch"] = 0
         save()
     if rank == 0:
-        best = torch.load(out / "best.pt", weights_only=True) if (out / "best.pt").is_file() else None
-        final = best or {"model": model.state_dict(), "config": dict(model_config), "num_classes": num_classes,
-                         "input_dim": input_dim}
-        _atomic_save(final, out / "final.pt")
+        best_path = state_path / "best.pt"
+        best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
+        _atomic_save(best or {"model": model.state_dict(), **header}, out / "final.pt")
+    seconds = time.perf_counter() - start
     return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
-            "parameters": parameter_count(model), "seconds": time.perf_counter() - start, "world_size": world}
+            "parameters": parameter_count(model), "seconds": seconds, "world_size": world,
+            "device": str(device), "frames_per_second": frames_total * world / max(compute_seconds + wait_seconds, 1e-9),
+            "data_wait_fraction": wait_seconds / max(compute_seconds + wait_seconds, 1e-9)}
+
+
+def _rank_part(dataset: FeatureDataset, rank: int, world: int) -> FeatureDataset:
+    """Every ``world``-th held-out utterance, so ranks score disjoint parts and sum them."""
+    if world == 1:
+        return dataset
+    part = object.__new__(FeatureDataset)
+    part.__dict__.update(dataset.__dict__)
+    part.items = dataset.items[rank::world]
+    return part
+
+
+def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: TrainOptions, objective: str,
+              device: torch.device, world: int) -> tuple[float, float | None]:
+    """Held-out loss and accuracy over all ranks' parts (identical on every rank)."""
+    loss, accuracy = evaluate(model, part, opts.max_frames, objective, device, opts.amp)
+    count = len(part) if objective == "ctc" else sum(part.lengths)
+    totals = _average([loss * count, (accuracy or 0.0) * count, float(count)], device, world)
+    loss = totals[0] / max(totals[2], 1)
+    return loss, (totals[1] / max(totals[2], 1) if accuracy is not None else None)

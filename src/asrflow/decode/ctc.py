@@ -1,0 +1,135 @@
+"""CTC decoding: prefix beam search over units with a word n-gram LM (shallow fusion).
+
+Prefixes are unit sequences with separate blank / non-blank ending scores (Hannun et al.,
+2014). A unit that starts a word ("▁") closes the word before it, which then adds
+``lm_weight · ln p(word | history) + word_bonus`` to the prefix's score; the last word and
+``</s>`` are scored at the end. Units below ``prune`` (log probability) at a frame are not
+tried, and a frame where blank is nearly certain only extends by blank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from asrflow.decode.decoder import DecodeResult
+from asrflow.gmm.estep import Shard, features
+from asrflow.lang.lm import BOS, EOS, ArpaLM
+from asrflow.nnet.inference import cached_network, log_posteriors
+from asrflow.nnet.units import Units
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SearchOptions:
+    beam: int = 8
+    lm_weight: float = 0.5
+    word_bonus: float = 1.0
+    prune: float = -8.0  # ln p below which a unit is not tried at a frame
+    blank_skip: float = -1e-3  # ln p(blank) above which only the blank extension is kept
+
+
+@dataclass
+class _Words:
+    """LM view of a prefix: score of its closed words, their history, the open word's text."""
+
+    score: float
+    history: tuple
+    partial: str
+
+
+def _lse(a: float, b: float) -> float:
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    return max(a, b) + math.log1p(math.exp(-abs(a - b)))
+
+
+def _close(words: _Words, lm: ArpaLM | None, opts: SearchOptions) -> tuple[float, tuple]:
+    """Score of closing the open word (nothing when there is none)."""
+    if not words.partial:
+        return words.score, words.history
+    lm_score = lm.logprob(words.partial, words.history) if lm is not None else 0.0
+    history = words.history + (words.partial,)
+    return words.score + opts.lm_weight * lm_score + opts.word_bonus, history
+
+
+def _extend(words: _Words, piece: str, starts_word: bool, lm: ArpaLM | None, opts: SearchOptions) -> _Words:
+    text = piece.lstrip("\u2581")
+    if starts_word or not words.partial:
+        score, history = _close(words, lm, opts)
+        return _Words(score, history, text)
+    return _Words(words.score, words.history, words.partial + text)
+
+
+def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.ndarray, lm: ArpaLM | None,
+                       opts: SearchOptions) -> list[str]:
+    """Best word sequence for one utterance's CTC log posteriors ``(frames, classes)``; class 0 = blank."""
+    beams: dict[tuple, tuple[float, float]] = {(): (0.0, NEG_INF)}  # prefix -> (ln p blank-end, non-blank-end)
+    words: dict[tuple, _Words] = {(): _Words(0.0, (BOS,), "")}
+    for frame in log_probs:
+        blank = float(frame[0])
+        candidates = [] if blank > opts.blank_skip else [int(c) for c in np.nonzero(frame > opts.prune)[0] if c]
+        nxt: dict[tuple, list[float]] = {}
+
+        def add(prefix: tuple, blank_end: float, non_blank_end: float) -> None:
+            slot = nxt.setdefault(prefix, [NEG_INF, NEG_INF])
+            slot[0], slot[1] = _lse(slot[0], blank_end), _lse(slot[1], non_blank_end)
+
+        for prefix, (pb, pnb) in beams.items():
+            total = _lse(pb, pnb)
+            add(prefix, total + blank, NEG_INF)
+            last = prefix[-1] if prefix else None
+            for c in candidates:
+                p = float(frame[c])
+                new = prefix + (c,)
+                if new not in words:
+                    words[new] = _extend(words[prefix], pieces[c], bool(word_start[c]), lm, opts)
+                if c == last:
+                    add(prefix, NEG_INF, pnb + p)  # a repeat without blank collapses
+                    add(new, NEG_INF, pb + p)  # a repeat after blank is a new unit
+                else:
+                    add(new, NEG_INF, total + p)
+        ranked = sorted(nxt.items(), key=lambda kv: _lse(*kv[1]) + words[kv[0]].score, reverse=True)
+        beams = {prefix: (scores[0], scores[1]) for prefix, scores in ranked[: opts.beam]}
+
+    def final(prefix: tuple) -> float:
+        score, history = _close(words[prefix], lm, opts)
+        end = opts.lm_weight * lm.logprob(EOS, history) if lm is not None else 0.0
+        return _lse(*beams[prefix]) + score + end
+
+    best = max(beams, key=final)
+    w = words[best]
+    return [x for x in w.history if x != BOS] + ([w.partial] if w.partial else [])
+
+
+def decode_shard(shard: Shard, network_path: str, lm_path: str | None, opts: SearchOptions) -> DecodeResult:
+    """Words of each utterance of a shard with a CTC network (runs on a Dask worker).
+
+    The RTF covers the network's forward pass and the search.
+    """
+    network, header = cached_network(network_path)
+    units = Units(header["units"].numpy().tobytes())
+    lm = _lm(lm_path)
+    hyps, frames = {}, 0
+    start = time.perf_counter()
+    for utt, x in zip(shard.utts, features(shard)):
+        hyps[utt] = prefix_beam_search(log_posteriors(network, x), units.pieces, units.word_start, lm, opts)
+        frames += x.shape[0]
+    return DecodeResult(hyps, [], frames, time.perf_counter() - start)
+
+
+_LMS: dict[str, ArpaLM] = {}
+
+
+def _lm(path: str | None) -> ArpaLM | None:
+    if path is None:
+        return None
+    if path not in _LMS:
+        _LMS[path] = ArpaLM(path)
+    return _LMS[path]

@@ -1,0 +1,37 @@
+"""Running a trained network: load ``final.pt`` once per process, log posteriors per utterance."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asrflow.nnet.models import build_model
+
+_NETS: dict[tuple, tuple[torch.nn.Module, dict]] = {}
+
+
+def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
+    """A trained network and its header from ``final.pt`` (``weights_only`` load), in eval mode."""
+    saved = torch.load(path, weights_only=True, map_location="cpu")
+    model = build_model(saved["config"], saved["input_dim"], saved["num_classes"])
+    model.load_state_dict(saved["model"])
+    return model.eval(), saved
+
+
+def cached_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
+    """:func:`load_network`, cached by path and modification time (Dask workers reuse it)."""
+    key = (str(path), os.stat(path).st_mtime_ns)
+    if key not in _NETS:
+        _NETS[key] = load_network(path)
+    return _NETS[key]
+
+
+def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:
+    """Per-output-frame log posteriors ``(frames', classes)`` of one utterance."""
+    with torch.no_grad():
+        logits, lengths = network(torch.from_numpy(np.ascontiguousarray(feats)).unsqueeze(0),
+                                  torch.tensor([feats.shape[0]]))
+        return torch.log_softmax(logits[0, : int(lengths[0])].float(), dim=-1).numpy()

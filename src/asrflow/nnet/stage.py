@@ -1,0 +1,122 @@
+"""The nnet stage: train one network of ``nnet.models`` on a training split (every torchrun rank runs this).
+
+Output folder (``results/<exp>/nnet/<train split>/<system>/``)::
+
+    final.pt        weights of the best held-out epoch with their config (``weights_only`` loadable);
+                    hybrid models also carry their log priors, CTC models their unit inventory
+    priors.npy      log pdf priors from the alignments (hybrid)
+    units.model     sentencepiece model (CTC)
+    report.tsv      training utterances left out, and why
+    manifest.json   objective, classes, parameters, epochs, held-out loss, frames/s, seconds
+
+The full training state (``checkpoint.pt``, ``best.pt``) lives in a separate state folder
+that Snakemake does not own, so a failed or killed job resumes when rerun; it is removed
+once training has finished.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asrflow.data.datadir import read_table
+from asrflow.nnet.data import FeatureDataset, read_int_archive
+from asrflow.nnet.hybrid import pdf_priors
+from asrflow.nnet.train import TrainOptions, train
+from asrflow.nnet.units import Units
+
+
+@dataclass
+class Targets:
+    """What a network learns to predict on one training split."""
+
+    labels: dict[str, np.ndarray]
+    num_classes: int
+    frame_level: bool
+    extra: dict[str, Any]  # stored in final.pt (e.g. the unit inventory)
+
+
+def train_options(config: dict[str, Any], system: str) -> TrainOptions:
+    """``nnet.train`` overlaid with the model's own ``train`` overrides, plus the experiment seed."""
+    merged = {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
+    known = {f.name for f in fields(TrainOptions)}
+    return TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"])
+
+
+def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
+    """A seeded random ``fraction`` of the training utterances (at least one) for validation."""
+    count = max(1, round(fraction * len(utterances)))
+    order = np.random.default_rng(seed).permutation(len(utterances))
+    return {sorted(utterances)[i] for i in order[:count]}
+
+
+def hybrid_targets(gmm_dir: Path) -> Targets:
+    """Tied-state (pdf) ids per frame from the GMM alignments, and their log priors."""
+    from asrflow.gmm.model import GmmModel
+
+    labels = read_int_archive(gmm_dir / "ali" / "pdfs.txt")
+    num_pdfs = GmmModel.load(gmm_dir).am.num_pdfs
+    return Targets(labels, num_pdfs, True, {"priors": torch.from_numpy(pdf_priors(labels, num_pdfs))})
+
+
+def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int) -> Targets:
+    """Unit sequences of the transcripts, with units trained on them."""
+    units = Units.train(texts.values(), kind, vocab_size)
+    labels = {utt: units.encode(text) for utt, text in texts.items()}
+    return Targets(labels, units.num_classes, False,
+                   {"units": torch.frombuffer(bytearray(units.model), dtype=torch.uint8)})
+
+
+def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
+                 gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
+                 log=print) -> dict[str, Any]:
+    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above."""
+    model = config["nnet"]["models"][system]
+    objective = model["objective"]
+    data_dir, out = Path(data_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if objective == "hybrid":
+        if gmm_dir is None:
+            raise ValueError(f"hybrid network {system!r} needs the GMM alignments (--gmm)")
+        targets = hybrid_targets(Path(gmm_dir))
+    else:
+        targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"])
+    opts = train_options(config, system)
+    utts = sorted(read_table(data_dir / train_split / "text"))
+    valid_utts = held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
+    subsampling = model.get("subsampling", 1)
+
+    def dataset(keep: set[str]) -> FeatureDataset:
+        return FeatureDataset(data_dir, feats_dir, train_split, targets.labels, targets.frame_level, keep, subsampling)
+
+    train_set, valid_set = dataset(set(utts) - valid_utts), dataset(valid_utts)
+    rejected = {**train_set.rejected, **valid_set.rejected}
+    log(f"{system} ({model['type']}, {objective}): {len(train_set)} training and {len(valid_set)} held-out "
+        f"utterances, {targets.num_classes} classes; {len(rejected)} left out")
+    if not len(train_set) or not len(valid_set):
+        raise ValueError(f"no usable training or held-out utterances for {system} on {train_split} "
+                         f"(see {out / 'report.tsv'})")
+    (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
+    run.log_params({f"nnet.effective.{k}": v for k, v in vars(opts).items()})
+    summary = train(model, opts, train_set, valid_set, targets.num_classes, out,
+                    log_metrics=lambda step, metrics: run.log_metrics(metrics, step=step), log=log,
+                    objective=objective, extra=targets.extra, state_dir=state_dir or out / "state")
+    manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
+                "classes": targets.num_classes, "train_utterances": len(train_set),
+                "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
+    if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:
+        if objective == "hybrid":
+            np.save(out / "priors.npy", targets.extra["priors"].numpy())
+        else:
+            (out / "units.model").write_bytes(targets.extra["units"].numpy().tobytes())
+        shutil.rmtree(state_dir or out / "state", ignore_errors=True)
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"{system}: {summary['epochs']} epochs, {summary['steps']} steps, held-out loss "
+        f"{summary['best_valid_loss']:.4f}, {summary['frames_per_second']:.0f} frames/s, {summary['seconds']:.1f} s")
+    return manifest

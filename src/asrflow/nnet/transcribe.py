@@ -1,0 +1,103 @@
+"""Transcribe wav files with a trained network: the logic behind the MLflow pyfunc model.
+
+A :class:`Transcriber` is built from a handful of files (the bundle logged with the model):
+``network`` (final.pt), ``settings`` (JSON: feature options, objective, decode options)
+and, for a hybrid network, ``gmm`` (final.mdl.pkl), ``graph`` (HCLG.fst) and ``words``
+(words.txt beside it); for CTC, optionally ``lm`` (lm.arpa). Audio is read, resampled,
+featurised exactly as in training and normalised with per-utterance CMVN (training used
+per-speaker CMVN; a single file has no speaker).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrflow.features.compute import FeatureOptions, compute
+from asrflow.features.transforms import apply_cmvn, cmvn_stats
+
+SETTINGS = "settings.json"
+
+
+def bundle_files(config: dict[str, Any], system: str, net_dir: Path, gmm_dir: Path | None, graph_dir: Path | None,
+                 lang_dir: Path | None) -> dict[str, str]:
+    """The files a :class:`Transcriber` needs, by name (``settings.json`` is written into ``net_dir``)."""
+    model = config["nnet"]["models"][system]
+    opts = FeatureOptions.from_config(config["features"], config["nnet"]["features"], config["audio"]["sample_rate"])
+    settings = {"system": system, "objective": model["objective"], "features": asdict(opts),
+                "decode": config["nnet"]["decode"], "seed": config["seed"]}
+    (net_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+    files = {"network": net_dir / "final.pt", "settings": net_dir / SETTINGS}
+    if model["objective"] == "hybrid":
+        files.update(gmm=gmm_dir / "final.mdl.pkl", graph=graph_dir / "HCLG.fst", words=graph_dir / "words.txt")
+    elif lang_dir is not None and config["nnet"]["decode"]["lm_weight"] > 0:
+        files["lm"] = lang_dir / "lm.arpa"
+    return {k: str(v) for k, v in files.items()}
+
+
+class Transcriber:
+    """Wav files in, transcripts out, for one trained network."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        from asrflow.nnet.inference import load_network
+
+        self.settings = json.loads(Path(files["settings"]).read_text())
+        self.network, self.header = load_network(files["network"])
+        self.features = FeatureOptions(**self.settings["features"])
+        self.files = files
+        self._workdir = None
+        if self.settings["objective"] == "hybrid":
+            from asrflow.gmm.model import GmmModel
+
+            self.gmm = GmmModel.from_bytes(Path(files["gmm"]).read_bytes())
+            # decode_all reads words.txt beside the graph: keep both in one private folder
+            self._workdir = tempfile.mkdtemp(prefix="asrflow-graph-")
+            shutil.copy(files["graph"], f"{self._workdir}/HCLG.fst")
+            shutil.copy(files["words"], f"{self._workdir}/words.txt")
+        else:
+            from asrflow.lang.lm import ArpaLM
+            from asrflow.nnet.units import Units
+
+            self.units = Units(self.header["units"].numpy().tobytes())
+            self.lm = ArpaLM(files["lm"]) if files.get("lm") else None
+
+    def featurise(self, path: str) -> np.ndarray:
+        """Features of one audio file as the network saw them in training (CMVN per utterance)."""
+        from asrflow.data.audio import read_audio, resample
+        from asrflow.features.stage import INT16_SCALE
+
+        samples, rate = read_audio(path)
+        signal = resample(samples, rate, self.features.sample_rate) * np.float32(INT16_SCALE)
+        feats = compute(signal, self.features, key=Path(path).name, seed=self.settings["seed"])
+        return apply_cmvn(feats, cmvn_stats(feats)).astype(np.float32)
+
+    def transcribe(self, paths: list[str]) -> list[str]:
+        """One transcript per file."""
+        from asrflow.nnet.inference import log_posteriors
+
+        feats = [self.featurise(p) for p in paths]
+        decode = self.settings["decode"]
+        if self.settings["objective"] == "hybrid":
+            from asrflow.decode.decoder import DecodeOptions, decode_all
+            from asrflow.kaldi import khg
+            from asrflow.nnet.hybrid import transition_loglikes
+
+            priors = self.header["priors"].numpy()
+            opts = DecodeOptions(acoustic_scale=decode["acoustic_scale"])
+            items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(transition_loglikes(
+                log_posteriors(self.network, x), priors, self.gmm.tid2pdf, opts.acoustic_scale)))
+                for i, x in enumerate(feats)]
+            result = decode_all(f"{self._workdir}/HCLG.fst", self.gmm.tm, opts, items)
+            return [" ".join(result.hyps[str(i)]) for i in range(len(feats))]
+        from asrflow.decode.ctc import SearchOptions, prefix_beam_search
+
+        opts = SearchOptions(beam=decode["beam"], lm_weight=decode["lm_weight"], word_bonus=decode["word_bonus"],
+                             prune=decode["prune"])
+        return [" ".join(prefix_beam_search(log_posteriors(self.network, x), self.units.pieces,
+                                            self.units.word_start, self.lm, opts)) for x in feats]

@@ -1,0 +1,44 @@
+"""The MLflow pyfunc model of a trained network: ``predict`` transcribes wav files.
+
+Load it with ``mlflow.pyfunc.load_model(uri)`` and call ``predict`` with a list of paths
+or a DataFrame with a ``path`` column; it returns one transcript per file. The artifacts
+are the files of :func:`asrflow.nnet.transcribe.bundle_files` (network, settings and the
+graph or LM), so the model works away from the results folder.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+import mlflow
+
+from asrflow.tracking.mlflow_runs import StageRun
+
+
+class TranscriberModel(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper of :class:`asrflow.nnet.transcribe.Transcriber`."""
+
+    def load_context(self, context: Any) -> None:
+        from asrflow.nnet.transcribe import Transcriber
+
+        self.transcriber = Transcriber(dict(context.artifacts))
+
+    def predict(self, context, model_input, params=None):  # no type hints: MLflow would turn them into a schema
+        if hasattr(model_input, "columns"):
+            column = "path" if "path" in model_input.columns else model_input.columns[0]
+            paths = [str(p) for p in model_input[column]]
+        else:
+            paths = [str(p) for p in model_input]
+        return self.transcriber.transcribe(paths)
+
+
+def log_transcriber(run: StageRun, files: dict[str, str], name: str = "model") -> str | None:
+    """Log the pyfunc model into ``run``; returns its model URI (None when tracking is off)."""
+    if run.client is None:
+        return None
+    requirements = [f"{pkg}=={metadata.version(pkg)}" for pkg in ("torch", "mlflow", "asrflow")]
+    with mlflow.start_run(run_id=run.run_id):
+        info = mlflow.pyfunc.log_model(name=name, python_model=TranscriberModel(), artifacts=files,
+                                       pip_requirements=requirements)
+    return info.model_uri
