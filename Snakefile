@@ -7,6 +7,7 @@ from asrflow.workflow import (
     nnet_decode_inputs,
     nnet_inputs,
     optional_args,
+    compare_targets,
     pipeline_finished,
     pipeline_started,
     results_dir,
@@ -23,7 +24,7 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 # Validate against workflow/schemas/, fill defaults, write results/<exp>/config.yaml.
-config, RESOLVED = setup_workflow(config)
+config, RESOLVED = setup_workflow(config, workflow.overwrite_configfiles)
 RESULTS = results_dir(config)
 
 
@@ -34,6 +35,10 @@ include: "rules/gmm.smk"
 include: "rules/nnet.smk"
 include: "rules/decode.smk"
 include: "rules/score.smk"
+include: "rules/report.smk"
+
+
+report: "workflow/report/workflow.rst"
 
 
 rule all:
@@ -41,6 +46,7 @@ rule all:
         f"{RESULTS}/data",
         expand(f"{RESULTS}/features/{{kind}}", kind=config["features"]["kinds"]),
         score_targets(config),
+        compare_targets(config),
     default_target: True
 
 

@@ -109,7 +109,8 @@ def cmd_gmm(args: argparse.Namespace) -> int:
         with dask_client(config["dask"], args.workers, log=_log) as client:
             manifest = train_system(config, args.system, args.train, args.data, args.features, args.lang,
                                     args.out, client, run, mono_dir=args.mono, log=_log)
-        run.log_metrics({k: manifest[k] for k in ("pdfs", "gaussians", "failed", "seconds")})
+        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
+        run.log_metrics({k: manifest[k] for k in ("pdfs", "gaussians", "parameters", "failed", "seconds")})
         for name in ("manifest.json", "report.tsv", "alignment.png"):
             run.log_artifact(Path(args.out) / name)
     return 0
@@ -194,6 +195,44 @@ def cmd_score(args: argparse.Namespace) -> int:
         run.log_metrics({k: summary[k] for k in ("wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts",
                                                    "oov_rate", "rtf") if summary.get(k) is not None})
         run.log_artifact(args.out)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from asrflow.report.compare import csv_text, html, markdown, system_rows, table
+    from asrflow.tracking import tracking_uri
+    from asrflow.tracking.query import latest_by_stage, metric_history, stage_runs
+
+    if args.config:
+        config = _load(args)
+    else:
+        config = {"results_dir": args.results_dir, "tracking": {"uri": None}}
+    uri = tracking_uri(config)
+    latest = latest_by_stage(stage_runs(uri, args.experiment))
+    systems = args.systems or sorted({r.tags["asrflow.system"] for r in latest.values()
+                                      if r.stage.startswith("score-") and "asrflow.system" in r.tags})
+    tests = args.tests or sorted({r.tags["asrflow.test_set"] for r in latest.values()
+                                  if r.stage.startswith("score-") and "asrflow.test_set" in r.tags},
+                                 key=lambda t: (t != "test", t))
+    if not systems or not tests:
+        raise FileNotFoundError(f"no scored systems in MLflow experiment {args.experiment!r} at {uri}")
+    rows = system_rows(latest, systems, tests)
+    header, body = table(rows, tests)
+    text = markdown(header, body)
+    print(text, end="")
+    out = Path(args.out or Path(config["results_dir"]) / args.experiment / "compare")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(f"# {args.experiment}: systems compared (from MLflow)\n\n{text}")
+    (out / "table.csv").write_text(csv_text(header, body))
+    (out / "table.html").write_text(html(header, body, f"{args.experiment}: systems compared"))
+    if args.plots:
+        from asrflow.report.plots import training_curves, wer_bars
+
+        wer_bars(rows, tests, out / "wer.png")
+        histories = {r.system: metric_history(uri, r.run_id, ("loss", "valid_loss"))
+                     for r in rows if r.run_id and r.is_network}
+        training_curves(histories, out / "training_curves.png")
+    _log(f"written to {out}/")
     return 0
 
 
@@ -292,6 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("system", "test", "data", "decode", "lang", "out"):
         p.add_argument(f"--{name}", required=True)
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("compare", help="table of an experiment's systems from MLflow (Markdown and CSV)")
+    p.add_argument("experiment", help="experiment name (the MLflow experiment)")
+    p.add_argument("--config", "-c", nargs="+", metavar="YAML", help="config giving tracking.uri / results_dir")
+    p.add_argument("--results-dir", default="results", help="where results/mlflow.db is (without --config)")
+    p.add_argument("--systems", nargs="*", help="systems in this order (default: every scored one)")
+    p.add_argument("--tests", nargs="*", help="test sets in this order (default: every scored one)")
+    p.add_argument("--out", help="folder for table.md / table.csv (default results/<experiment>/compare)")
+    p.add_argument("--plots", action="store_true", help="also draw wer.png and training_curves.png")
+    p.set_defaults(func=cmd_compare)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     p = with_config(bench.add_parser("features", help="feature x-real-time vs workers and kaldi-native-fbank"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.config import ConfigError, resolve_config, section_fingerprint, write_resolved
+from asrflow.config.schema import reapply_replaced
 
 #: Config sections (dotted) each stage reads; ``{kind}`` is the feature kind.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -89,18 +90,28 @@ def optional_args(inputs: Any, *names: str) -> str:
     return " ".join(f"--{n} {inputs[n]}" for n in names if n in inputs.keys())
 
 
+def compare_targets(config: dict[str, Any]) -> list[str]:
+    """The comparison table and figures (read from MLflow, so only when tracking is on)."""
+    if not config["tracking"]["enabled"]:
+        return []
+    root = results_dir(config)
+    return [f"{root}/compare/{name}" for name in ("table.html", "table.md", "table.csv", "wer.png",
+                                                  "training_curves.png")]
+
+
 def results_dir(config: dict[str, Any]) -> str:
     """``<results_dir>/<experiment>`` (relative to the Snakemake working directory)."""
     return f"{config['results_dir']}/{config['experiment']}"
 
 
-def setup_workflow(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def setup_workflow(raw: dict[str, Any], overlays: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
     """Validate ``raw`` (Snakemake's merged config); return it resolved and its written path.
 
+    ``overlays`` are the ``--configfile`` files, whose ``nnet.models`` replace the default's.
     A config error ends Snakemake with the message naming the key, not a traceback.
     """
     try:
-        config = resolve_config(dict(raw))
+        config = resolve_config(reapply_replaced(dict(raw), overlays or ()))
     except ConfigError as exc:
         sys.stderr.write(f"asrflow: error: {exc}\n")
         raise SystemExit(2) from None

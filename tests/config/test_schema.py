@@ -77,3 +77,26 @@ def test_fingerprint_tracks_only_its_sections() -> None:
     b = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"dither": 0.0}})
     assert section_fingerprint(a, "corpus") == section_fingerprint(b, "corpus")
     assert section_fingerprint(a, "features") != section_fingerprint(b, "features")
+
+
+def test_an_overlay_replaces_the_networks_and_checks_their_options(tmp_path: Path) -> None:
+    """nnet.models is replaced whole by an overlay; a size key the model type lacks is named."""
+    from asrflow.config.schema import merge, reapply_replaced
+
+    yesno = load_config(REPO / "config/config.yaml", REPO / "config/experiments/yesno.yaml")
+    fsdd = load_config(REPO / "config/config.yaml")
+    assert yesno["nnet"]["models"]["ctc"]["type"] == "cnn" and "hidden" not in yesno["nnet"]["models"]["ctc"]
+    assert fsdd["nnet"]["models"]["ctc"]["type"] == "lstm"
+    assert yesno["nnet"]["models"]["dnn"]["dropout"] == 0.1  # the model's default, not FSDD's 0.15
+    merged = merge(fsdd, yaml.safe_load((REPO / "config/experiments/yesno.yaml").read_text()), ("x",))
+    assert "hidden" in merged["nnet"]["models"]["ctc"]  # what a plain deep merge (Snakemake's) gives ...
+    fixed = reapply_replaced(merged, [REPO / "config/experiments/yesno.yaml"])
+    assert "hidden" not in fixed["nnet"]["models"]["ctc"]  # ... and what setup_workflow restores
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nnet: {models: {dnn: {type: dnn, bidirectional: true}}}\nevaluation: {systems: [dnn]}\n")
+    with pytest.raises(ConfigError, match=r"nnet.models.dnn.*bidirectional not an option of a dnn model"):
+        load_config(REPO / "config/config.yaml", bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("evaluation: {systems: [mono, lstn]}\n")
+    with pytest.raises(ConfigError, match=r"'lstn' is neither.*did you mean 'lstm'"):
+        load_config(REPO / "config/config.yaml", typo)

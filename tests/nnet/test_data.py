@@ -62,3 +62,15 @@ def test_collate_pads_targets_with_ignore_index() -> None:
     out = collate(batch)
     assert out["feats"].shape == (2, 5, 2) and out["lengths"].tolist() == [3, 5]
     assert out["targets"][0].tolist() == [1, 2, 3, -100, -100]
+
+
+def test_chunks_keep_every_frame_and_target() -> None:
+    from asrflow.nnet.data import chunk_batch
+
+    feats = torch.arange(2 * 7 * 1, dtype=torch.float32).reshape(2, 7, 1)
+    targets = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [7, 8, 9, -100, -100, -100, -100]])
+    batch = {"utts": ["a", "b"], "feats": feats, "lengths": torch.tensor([7, 3]), "targets": targets}
+    out = chunk_batch(batch, 3)
+    assert out["lengths"].tolist() == [3, 3, 1, 3]  # b's padding-only chunks are dropped
+    assert out["targets"][out["targets"] != -100].tolist() == list(range(10))
+    assert out["feats"][2, 0, 0] == 6 and out["feats"][3, 2, 0] == 9

@@ -94,14 +94,40 @@ def _explain(error: jsonschema.ValidationError, schema: Mapping[str, Any]) -> st
     return f"config key '{where}': {error.message}"
 
 
-def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``overlay`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+#: Config paths an overlay replaces instead of merging into: an experiment that lists its own
+#: networks gets exactly those, not the default experiment's with the same names mixed in.
+REPLACED_PATHS = (("nnet", "models"),)
+
+
+def merge(base: Mapping[str, Any], overlay: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Deep-merge ``overlay`` into a copy of ``base`` (dicts merge, everything else replaces;
+    the dicts at :data:`REPLACED_PATHS` are replaced whole)."""
     out = copy.deepcopy(dict(base))
     for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
+        here = (*path, key)
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) and here not in REPLACED_PATHS:
+            out[key] = merge(out[key], value, here)
         else:
             out[key] = copy.deepcopy(value)
+    return out
+
+
+def reapply_replaced(config: dict[str, Any], overlay_files: Iterable[str | Path]) -> dict[str, Any]:
+    """Give :data:`REPLACED_PATHS` their overlay-replace meaning in a config another tool merged
+    (Snakemake deep-merges ``--configfile`` files into the Snakefile's ``configfile``)."""
+    out = copy.deepcopy(config)
+    for path in overlay_files:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+        for keys in REPLACED_PATHS:
+            node: Any = data
+            for key in keys:
+                node = node.get(key) if isinstance(node, Mapping) else None
+            if node is not None:
+                target = out
+                for key in keys[:-1]:
+                    target = target.setdefault(key, {})
+                target[keys[-1]] = copy.deepcopy(node)
     return out
 
 

@@ -121,6 +121,8 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                        [id2phone[int(p)] for p in phone_of[result.alignments[utt]]], utt, rate)
     manifest = {"system": system, "train": train, "pdfs": result.model.am.num_pdfs,
                 "gaussians": result.model.am.num_gauss, "iterations": result.iterations,
+                # means, variances and weights of every Gaussian
+                "parameters": result.model.am.num_gauss * (2 * result.model.am.dim + 1),
                 "aligned": len(result.alignments), "failed": len(result.failed),
                 "seconds": round(result.seconds, 3), "utterances": sum(len(s.utts) for s in shards), **result.info}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -140,3 +140,22 @@ def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[
         out["targets"] = torch.nn.utils.rnn.pad_sequence([b[2] for b in batch], batch_first=True, padding_value=-100)
         out["target_lengths"] = torch.tensor([len(b[2]) for b in batch])
     return out
+
+
+def chunk_batch(batch: dict[str, object], size: int) -> dict[str, object]:
+    """Cut every utterance of a frame-target batch into chunks of ``size`` frames (the last one shorter).
+
+    Recurrent models then step through ``size`` frames instead of the longest utterance,
+    with more sequences side by side (Kaldi's chunk training); padding-only chunks are dropped.
+    """
+    feats, lengths, targets = batch["feats"], batch["lengths"], batch["targets"]
+    b, t, d = feats.shape
+    n = -(-t // size)
+    pad = n * size - t
+    feats = torch.nn.functional.pad(feats, (0, 0, 0, pad)).reshape(b * n, size, d)
+    targets = torch.nn.functional.pad(targets, (0, pad), value=-100).reshape(b * n, size)
+    starts = torch.arange(n) * size
+    chunk_lengths = (lengths.unsqueeze(1) - starts.unsqueeze(0)).clamp(0, size).reshape(-1)
+    keep = chunk_lengths > 0
+    return {"utts": batch["utts"], "feats": feats[keep], "lengths": chunk_lengths[keep], "targets": targets[keep],
+            "target_lengths": chunk_lengths[keep]}

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, collate
+from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
 
@@ -44,6 +44,7 @@ class TrainOptions:
     checkpoint_every: int = 50
     patience: int = 3
     amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
+    chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     seed: int = 0
 
 
@@ -196,7 +197,10 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         batches = sampler.epoch_batches()
         for index in range(state["batch"], len(batches)):
             t0 = time.perf_counter()
-            batch = _to(collate([train_set[i] for i in batches[index]]), device)
+            batch = collate([train_set[i] for i in batches[index]])
+            if opts.chunk_frames and objective == "hybrid":
+                batch = chunk_batch(batch, opts.chunk_frames)
+            batch = _to(batch, device)
             t1 = time.perf_counter()
             with _autocast(device, opts.amp):
                 logits, out_lengths = ddp(batch["feats"], batch["lengths"])

@@ -1,0 +1,1 @@
+"""Comparing an experiment's systems: the table of ``asrflow compare`` and the report's plots."""

@@ -1,0 +1,125 @@
+"""The comparison table of an experiment's systems, built from its MLflow stage runs.
+
+One row per system: the settings that differ between systems, WER and SER on each test
+set (and the mean over leave-one-speaker-out folds when there are any), training time on
+the first test set's training split, mean decoding RTF and parameter count. The model,
+objective and size settings come from the training run's params, so two experiments that
+differ only in a network's width show it in the table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+
+from asrflow.tracking.query import RunRecord
+
+GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians"))}
+NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
+              "subsampling", "units", "vocab_size")
+
+
+@dataclass
+class SystemRow:
+    system: str
+    settings: dict[str, str]
+    wer: dict[str, float] = field(default_factory=dict)
+    ser: dict[str, float] = field(default_factory=dict)
+    rtf: list[float] = field(default_factory=list)
+    train_seconds: float | None = None
+    parameters: float | None = None
+    run_id: str | None = None  # the training run (for its curves)
+
+    @property
+    def is_network(self) -> bool:
+        return self.system not in GMM_SETTINGS
+
+
+def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
+    """``model``, ``objective`` and the size settings of a system, from its training run's params."""
+    if system in GMM_SETTINGS:
+        prefix, keys = GMM_SETTINGS[system]
+        return {"model": f"gmm-hmm ({system})", "objective": "ML",
+                "sizes": ", ".join(f"{k}={params[prefix + k]}" for k in keys if prefix + k in params)}
+    prefix = f"nnet.models.{system}."
+    objective = params.get(f"{prefix}objective", "hybrid")
+    sizes = [f"{k}={params[prefix + k]}" for k in NNET_SIZES if prefix + k in params
+             and not (objective == "hybrid" and k in ("units", "vocab_size"))
+             and not (k == "vocab_size" and params.get(prefix + "units") == "char")]
+    return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes)}
+
+
+def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[str]) -> list[SystemRow]:
+    """Rows for ``systems`` from the newest run of each stage (``score-<system>-<test>``, ``gmm-``/``nnet-``)."""
+    from asrflow.workflow import train_split
+
+    rows = []
+    main_train = train_split(tests[0])
+    for system in systems:
+        training = latest.get(f"gmm-{system}-{main_train}") or latest.get(f"nnet-{system}-{main_train}")
+        row = SystemRow(system, _settings(system, training.params) if training else {})
+        if training:
+            row.train_seconds = training.metrics.get("seconds")
+            row.parameters = training.metrics.get("parameters")
+            row.run_id = training.run_id
+        for test in tests:
+            score = latest.get(f"score-{system}-{test}")
+            if score is None:
+                continue
+            row.wer[test] = score.metrics["wer"]
+            row.ser[test] = score.metrics["ser"]
+            if "rtf" in score.metrics:
+                row.rtf.append(score.metrics["rtf"])
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and body of the comparison (numbers formatted; WER/SER in %)."""
+    settings = ["model", "objective", "sizes"]
+    loso = [t for t in tests if t.startswith("loso_")]
+    header = ["system", *settings, *[f"WER {t}" for t in tests]]
+    if len(loso) > 1:
+        header.append("WER LOSO mean")
+    header += [f"SER {t}" for t in tests] + ["train s", "decode RTF", "parameters"]
+    body = []
+    for r in rows:
+        line = [r.system, *[r.settings.get(k, "") for k in settings]]
+        line += [f"{100 * r.wer[t]:.2f}" if t in r.wer else "" for t in tests]
+        if len(loso) > 1:
+            values = [r.wer[t] for t in loso if t in r.wer]
+            line.append(f"{100 * sum(values) / len(values):.2f}" if len(values) == len(loso) else "")
+        line += [f"{100 * r.ser[t]:.2f}" if t in r.ser else "" for t in tests]
+        line.append(f"{r.train_seconds:.1f}" if r.train_seconds is not None else "")
+        line.append(f"{sum(r.rtf) / len(r.rtf):.4f}" if r.rtf else "")
+        line.append(f"{int(r.parameters):,}" if r.parameters is not None else "")
+        body.append(line)
+    return header, body
+
+
+def markdown(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell or "–" for cell in line) + " |" for line in body]
+    return "\n".join(lines) + "\n"
+
+
+def html(header: list[str], body: list[list[str]], title: str) -> str:
+    """A standalone HTML page with the table (embedded in the Snakemake report)."""
+    from html import escape
+
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in line) + "</tr>\n" for line in body)
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title><style>"
+            "table{border-collapse:collapse;font:13px sans-serif}td,th{border:1px solid #bbb;padding:3px 6px}"
+            f"th{{background:#eee}}</style></head><body><h3>{escape(title)}</h3><table><tr>{head}</tr>\n{rows}"
+            "</table></body></html>\n")
+
+
+def csv_text(header: list[str], body: list[list[str]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([[cell.replace(",", "") if cell and cell[0].isdigit() else cell for cell in line]
+                      for line in body])
+    return buffer.getvalue()

@@ -1,0 +1,56 @@
+"""Figures of the report: WER per system and test set, and the networks' training curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from asrflow.report.compare import SystemRow
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def wer_bars(rows: list[SystemRow], tests: list[str], path: str | Path) -> None:
+    """Grouped bars: WER (%) of each system on each test set."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(tests) * max(1, len(rows)) / 3), 4))
+    width = 0.8 / max(1, len(rows))
+    x = np.arange(len(tests))
+    for i, row in enumerate(rows):
+        ax.bar(x + i * width, [100 * row.wer.get(t, np.nan) for t in tests], width, label=row.system)
+    ax.set_xticks(x + width * (len(rows) - 1) / 2, tests, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("WER (%)")
+    ax.legend(fontsize=8)
+    ax.set_title("Word error rate per system")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def training_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], path: str | Path) -> None:
+    """Training loss per step and held-out loss per epoch of each network (one panel each)."""
+    plt = _pyplot()
+    names = sorted(histories) or ["(no networks)"]
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for metric, style in (("loss", "-"), ("valid_loss", "o-")):
+            points = histories.get(name, {}).get(metric, [])
+            if points:
+                steps, values = zip(*sorted(points))
+                ax.plot(steps, values, style, label=metric, markersize=3, linewidth=1)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
