@@ -1,4 +1,4 @@
-"""The whole yesno DAG (import → features → lang → gmm → graph → decode → score) through Snakemake."""
+"""The whole yesno DAG (import → features → lang → gmm → nnet → decode → score → compare) through Snakemake."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 YESNO = REPO / "config" / "experiments" / "yesno.yaml"
+NETWORKS = ("dnn", "lstm", "cnn", "ctc")
 
 pytestmark = pytest.mark.workflow
 
@@ -76,9 +77,10 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("yesno")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    systems = ("mono", "tri", *NETWORKS)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
-                         "gmm-mono-train", "gmm-tri-train", "decode-mono-test", "decode-tri-test",
-                         "score-mono-test", "score-tri-test"}
+                         "gmm-mono-train", "gmm-tri-train", *[f"nnet-{s}-train" for s in NETWORKS],
+                         *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
     assert len(history) == 40 and history[-1].value > history[1].value
     assert runs["score-tri-test"].data.metrics["wer"] == 0.0
@@ -102,13 +104,16 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     overlay.write_text("features:\n  fbank:\n    num_mel_bins: 30\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     planned = jobs_planned(out.stdout)
-    assert planned == {"features", "all"}, out.stdout
+    # fbank feeds the networks only: the GMM side (mfcc) stays as it is
+    assert planned == {"features", "nnet", "decode_nnet", "score", "compare", "all"}, out.stdout
     outputs = re.findall(r"^\s+output: (\S+)", out.stdout, flags=re.M)
-    assert outputs == ["results/yesno/features/fbank"], out.stdout
+    assert "results/yesno/features/fbank" in outputs and "results/yesno/features/mfcc" not in outputs
+    assert not any("/gmm/" in o or "/decode/tri/" in o for o in outputs), out.stdout
     # a corpus option reruns the data stage and everything after it
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
-    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "decode", "score", "all"}
+    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "decode", "nnet", "decode_nnet",
+                                        "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 
@@ -126,34 +131,45 @@ def test_lint_is_clean(tmp_path: Path) -> None:
     assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
 
 
-def test_hybrid_dnn_on_the_tri_alignments(yesno_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A small DNN trained on the triphone alignments decodes yesno through the same HCLG."""
+def test_networks_recognise_yesno(yesno_run: Path) -> None:
+    """Hybrid DNN/LSTM/CNN on the tri alignments and a CTC model, trained under torchrun and decoded."""
+    import torch
+
+    res = yesno_run / "results" / "yesno"
+    errors = {}
+    for system in NETWORKS:
+        summary = json.loads((res / "score" / system / "test.json").read_text())
+        errors[system] = summary["errors"]
+        assert summary["n_ref_words"] == 232 and 0 < summary["rtf"] < 0.05, (system, summary)
+        manifest = json.loads((res / "nnet" / "train" / system / "manifest.json").read_text())
+        assert manifest["world_size"] == 1 and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
+        saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
+        assert saved["objective"] == ("ctc" if system == "ctc" else "hybrid")
+        assert not (res / "nnet_state" / "train" / system).exists()  # training state removed when done
+    assert all(e <= 6 for e in errors.values()), errors  # <= 2.6 % WER each; see README for the measured counts
+    assert min(errors.values()) <= 1, errors
+    table = (res / "compare" / "table.md").read_text()
+    for system in ("mono", "tri", *NETWORKS):
+        assert f"| {system} |" in table
+    assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,WER test")
+    assert (res / "compare" / "training_curves.png").stat().st_size > 5000
+
+
+def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
+    """The logged pyfunc model of a network transcribes wav files away from the results folder."""
     from asrflow.data.datadir import read_table
-    from asrflow.decode.decoder import DecodeOptions
-    from asrflow.gmm.model import GmmModel
-    from asrflow.gmm.shards import split_shards
-    from asrflow.lang.graph import read_symbols
-    from asrflow.nnet.data import FeatureDataset, read_int_archive
-    from asrflow.nnet.hybrid import decode_shard, pdf_priors
-    from asrflow.nnet.train import TrainOptions, train
     from asrflow.score.wer import score_corpus
 
-    monkeypatch.chdir(yesno_run)  # archive indexes are relative to the Snakemake working directory
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("yesno")
     res = yesno_run / "results" / "yesno"
-    gmm = GmmModel.load(res / "gmm" / "train" / "tri")
-    targets = read_int_archive(res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt")
-    data = FeatureDataset(res / "data", res / "features" / "fbank", "train", targets)
-    opts = TrainOptions(epochs=15, max_frames=4000, lr=2e-3, warmup_steps=10, patience=4, seed=0)
-    summary = train({"type": "dnn", "hidden": 128, "layers": 2, "context": 5}, opts, data, data,
-                    gmm.am.num_pdfs, yesno_run / "dnn", log=lambda *_: None)
-    assert summary["best_valid_loss"] < 1.5
-    priors = pdf_priors(targets, gmm.am.num_pdfs)
-    shards = split_shards(res / "data", res / "features" / "fbank", res / "lang" / "train", "test", 100, deltas=0)
-    graph = str((res / "graph" / "train" / "tri" / "HCLG.fst").resolve())
-    results = [decode_shard(s, str(yesno_run / "dnn" / "final.pt"), priors, gmm.to_bytes(), graph,
-                            DecodeOptions(acoustic_scale=0.5)) for s in shards]
-    id2word = {i: w for w, i in read_symbols(res / "lang" / "train" / "words.txt").items()}
-    hyps = {u: " ".join(id2word[i] for i in ids if id2word[i] not in ("<eps>", "<SIL>"))
-            for r in results for u, ids in r.hyps.items()}
-    score, _ = score_corpus(read_table(res / "data" / "test" / "text"), hyps)
-    assert score["wer"] < 0.05, score
+    wavs = read_table(res / "data" / "test" / "wav.scp")
+    refs = read_table(res / "data" / "test" / "text")
+    utts = sorted(wavs)[:6]
+    mlflow.set_tracking_uri(f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
+    for system in ("dnn", "ctc"):
+        run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'nnet-{system}-train'")[0]
+        model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+        hyps = model.predict([wavs[u] for u in utts])
+        score, _ = score_corpus({u: refs[u] for u in utts}, dict(zip(utts, hyps)))
+        assert score["wer"] <= 0.05, (system, hyps)

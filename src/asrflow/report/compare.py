@@ -1,8 +1,8 @@
 """The comparison table of an experiment's systems, built from its MLflow stage runs.
 
 One row per system: the settings that differ between systems, WER and SER on each test
-set (and the mean over leave-one-speaker-out folds when there are any), training time on
-the first test set's training split, mean decoding RTF and parameter count. The model,
+set (and the mean over leave-one-speaker-out folds when there are any), training time and
+throughput on the first test set's training split, mean decoding RTF and parameter count. The model,
 objective and size settings come from the training run's params, so two experiments that
 differ only in a network's width show it in the table.
 """
@@ -29,6 +29,7 @@ class SystemRow:
     rtf: list[float] = field(default_factory=list)
     train_seconds: float | None = None
     parameters: float | None = None
+    frames_per_second: float | None = None  # training throughput (networks)
     run_id: str | None = None  # the training run (for its curves)
 
     @property
@@ -62,6 +63,7 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
         if training:
             row.train_seconds = training.metrics.get("seconds")
             row.parameters = training.metrics.get("parameters")
+            row.frames_per_second = training.metrics.get("frames_per_second")
             row.run_id = training.run_id
         for test in tests:
             score = latest.get(f"score-{system}-{test}")
@@ -82,7 +84,7 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
     header = ["system", *settings, *[f"WER {t}" for t in tests]]
     if len(loso) > 1:
         header.append("WER LOSO mean")
-    header += [f"SER {t}" for t in tests] + ["train s", "decode RTF", "parameters"]
+    header += [f"SER {t}" for t in tests] + ["train s", "train frames/s", "decode RTF", "parameters"]
     body = []
     for r in rows:
         line = [r.system, *[r.settings.get(k, "") for k in settings]]
@@ -92,6 +94,7 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
             line.append(f"{100 * sum(values) / len(values):.2f}" if len(values) == len(loso) else "")
         line += [f"{100 * r.ser[t]:.2f}" if t in r.ser else "" for t in tests]
         line.append(f"{r.train_seconds:.1f}" if r.train_seconds is not None else "")
+        line.append(f"{r.frames_per_second:,.0f}" if r.frames_per_second is not None else "")
         line.append(f"{sum(r.rtf) / len(r.rtf):.4f}" if r.rtf else "")
         line.append(f"{int(r.parameters):,}" if r.parameters is not None else "")
         body.append(line)

@@ -1,0 +1,33 @@
+"""The comparison table from MLflow run records (no MLflow needed)."""
+
+from __future__ import annotations
+
+from asrflow.report.compare import csv_text, markdown, system_rows, table
+from asrflow.tracking.query import RunRecord, latest_by_stage
+
+
+def _run(stage: str, start: int, metrics: dict, params: dict | None = None, **tags: str) -> RunRecord:
+    return RunRecord(f"id-{stage}-{start}", stage, start, {f"asrflow.{k}": v for k, v in tags.items()},
+                     params or {}, metrics)
+
+
+def test_rows_take_the_newest_run_and_format_the_table() -> None:
+    runs = [
+        _run("gmm-tri-train", 1, {"seconds": 25.0, "parameters": 1000}, {"gmm.tri.leaves": "300"}),
+        _run("nnet-dnn-train", 2, {"seconds": 60.0, "parameters": 12345, "frames_per_second": 50000.0},
+             {"nnet.models.dnn.type": "dnn", "nnet.models.dnn.objective": "hybrid", "nnet.models.dnn.hidden": "512"}),
+        _run("score-tri-test", 3, {"wer": 0.010, "ser": 0.02, "rtf": 0.01}),
+        _run("score-dnn-test", 4, {"wer": 0.020, "ser": 0.03, "rtf": 0.02}),
+        _run("score-dnn-test", 9, {"wer": 0.005, "ser": 0.01, "rtf": 0.03}),  # a rerun: newest wins
+        _run("score-dnn-loso_a_test", 5, {"wer": 0.1, "ser": 0.2}),
+        _run("score-dnn-loso_b_test", 6, {"wer": 0.2, "ser": 0.3}),
+    ]
+    rows = system_rows(latest_by_stage(runs), ["tri", "dnn"], ["test", "loso_a_test", "loso_b_test"])
+    header, body = table(rows, ["test", "loso_a_test", "loso_b_test"])
+    assert header[:4] == ["system", "model", "objective", "sizes"] and "WER LOSO mean" in header
+    tri, dnn = (dict(zip(header, line)) for line in body)
+    assert dnn["WER test"] == "0.50" and dnn["WER LOSO mean"] == "15.00" and dnn["decode RTF"] == "0.0300"
+    assert dnn["sizes"] == "hidden=512" and dnn["parameters"] == "12,345" and dnn["train frames/s"] == "50,000"
+    assert tri["model"] == "gmm-hmm (tri)" and tri["sizes"] == "leaves=300" and tri["WER LOSO mean"] == ""
+    assert markdown(header, body).count("\n") == 4
+    assert csv_text(header, body).splitlines()[2].split(",")[-1] == "12345"
