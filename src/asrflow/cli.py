@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     from asrflow.corpus.download import DownloadError
     from asrflow.data.audio import AudioError
     from asrflow.data.datadir import DataDirError
+    from asrflow.nnet import NnetError
 
     args = build_parser().parse_args(argv)
     try:
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (CorpusError, DownloadError, DataDirError, AudioError, FileNotFoundError) as exc:
+    except (CorpusError, DownloadError, DataDirError, AudioError, NnetError, FileNotFoundError) as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return 1
 

@@ -62,6 +62,8 @@ def test_collate_pads_targets_with_ignore_index() -> None:
     out = collate(batch)
     assert out["feats"].shape == (2, 5, 2) and out["lengths"].tolist() == [3, 5]
     assert out["targets"][0].tolist() == [1, 2, 3, -100, -100]
+    batch[0] = ("a", torch.arange(6.0).reshape(3, 2), torch.tensor([1, 2, 3]))
+    assert collate(batch)["feats"][0, 3:].tolist() == [[4.0, 5.0], [4.0, 5.0]]  # last frame repeated
 
 
 def test_chunks_keep_every_frame_and_target() -> None:

@@ -1,5 +1,10 @@
-"""Neural acoustic models (issue 4, in progress): model zoo and data pipeline.
+"""Neural acoustic models: DNN/LSTM/CNN networks, hybrid (frame CE) and CTC training under torchrun.
 
-Models and the feature pipeline are in place and tested; the trainer (torchrun), hybrid
-and CTC decoding and the comparison report are not built yet.
+Modules: ``models`` (factory), ``data`` (lazy features, buckets, chunks), ``objectives``,
+``units`` (sentencepiece), ``train`` (the one trainer), ``stage`` (the nnet stage),
+``hybrid`` and ``inference`` (decoding helpers), ``transcribe`` (wav files to text).
 """
+
+
+class NnetError(ValueError):
+    """A network cannot be trained on this data (named in the message)."""

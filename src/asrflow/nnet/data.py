@@ -130,11 +130,14 @@ class BucketBatchSampler(torch.utils.data.Sampler):
 def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[str, object]:
     """Pad a batch: features (B, T, D), lengths (B,), targets (B, L) padded with -100, target lengths (B,).
 
-    -100 is ignored by frame cross-entropy; CTC reads the first ``target_lengths`` labels.
+    Features are padded by repeating each utterance's last frame, so a convolution sees
+    the same edge in a batch as on the utterance alone. -100 is ignored by frame
+    cross-entropy; CTC reads the first ``target_lengths`` labels.
     """
     utts = [b[0] for b in batch]
     lengths = torch.tensor([b[1].shape[0] for b in batch])
-    feats = torch.nn.utils.rnn.pad_sequence([b[1] for b in batch], batch_first=True)
+    longest = int(lengths.max())
+    feats = torch.stack([torch.cat([b[1], b[1][-1:].expand(longest - b[1].shape[0], -1)]) for b in batch])
     out: dict[str, object] = {"utts": utts, "feats": feats, "lengths": lengths}
     if batch[0][2] is not None:
         out["targets"] = torch.nn.utils.rnn.pad_sequence([b[2] for b in batch], batch_first=True, padding_value=-100)

@@ -70,39 +70,59 @@ class LSTM(nn.Module):
         return self.output(y), lengths
 
 
+def hold_last(y: torch.Tensor, lengths: torch.Tensor, dim: int) -> torch.Tensor:
+    """Overwrite the padding after each sequence's length (along ``dim``) with its last valid frame."""
+    steps = y.shape[dim]
+    t = torch.arange(steps, device=y.device)
+    index = torch.minimum(t.unsqueeze(0), (lengths.to(y.device) - 1).clamp(min=0).unsqueeze(1))  # (B, T)
+    shape = [y.shape[0]] + [1] * (y.dim() - 1)
+    shape[dim] = steps
+    return torch.gather(y, dim, index.reshape(shape).expand_as(y))
+
+
 class CNN(nn.Module):
-    """2-D convolutional front end over (time, frequency), then TDNN (dilated 1-D convolution) layers."""
+    """2-D convolutional front end over (time, frequency), then TDNN (dilated 1-D convolution) layers.
+
+    Convolutions pad by repeating edge frames, like the DNN's splicing: zero padding would
+    look like an average (speech-like) frame after CMVN and invite word insertions at the
+    utterance edges. After every layer the padding of a batch is refilled with each
+    utterance's last frame, so an utterance gives the same output alone or in a batch.
+    """
 
     def __init__(self, input_dim: int, output_dim: int, channels: tuple[int, ...] = (32, 32),
                  tdnn_dim: int = 384, tdnn_dilations: tuple[int, ...] = (1, 2, 3, 3), subsampling: int = 1,
                  dropout: float = 0.1) -> None:
         super().__init__()
-        convs: list[nn.Module] = []
+        self.conv = nn.ModuleList()
         in_ch, freq = 1, input_dim
         for i, ch in enumerate(channels):
             stride_t = subsampling if i == 0 else 1
-            convs += [nn.Conv2d(in_ch, ch, kernel_size=3, stride=(stride_t, 2 if freq >= 8 else 1), padding=1),
-                      nn.ReLU(), nn.BatchNorm2d(ch)]
+            self.conv.append(nn.Sequential(
+                nn.Conv2d(in_ch, ch, kernel_size=3, stride=(stride_t, 2 if freq >= 8 else 1), padding=1,
+                          padding_mode="replicate"),
+                nn.ReLU(), nn.BatchNorm2d(ch)))
             freq = (freq + 1) // 2 if freq >= 8 else freq
             in_ch = ch
         self.subsampling = subsampling
-        self.conv = nn.Sequential(*convs)
-        layers: list[nn.Module] = []
+        self.tdnn = nn.ModuleList()
         size = in_ch * freq
         for d in tdnn_dilations:
-            layers += [nn.Conv1d(size, tdnn_dim, kernel_size=3, dilation=d, padding=d), nn.ReLU(),
-                       nn.BatchNorm1d(tdnn_dim), nn.Dropout(dropout)]
+            self.tdnn.append(nn.Sequential(
+                nn.Conv1d(size, tdnn_dim, kernel_size=3, dilation=d, padding=d, padding_mode="replicate"),
+                nn.ReLU(), nn.BatchNorm1d(tdnn_dim), nn.Dropout(dropout)))
             size = tdnn_dim
-        self.tdnn = nn.Sequential(*layers)
         self.output = nn.Linear(size, output_dim)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        out_lengths = (lengths + self.subsampling - 1) // self.subsampling
+        y = x.unsqueeze(1)  # (B, 1, T, F)
+        for block in self.conv:
+            y = hold_last(block(y), out_lengths, dim=2)
         b, c, t, f = y.shape
         y = y.permute(0, 1, 3, 2).reshape(b, c * f, t)
-        y = self.tdnn(y).transpose(1, 2)
-        out_lengths = (lengths + self.subsampling - 1) // self.subsampling
-        return self.output(y), out_lengths
+        for block in self.tdnn:
+            y = hold_last(block(y), out_lengths, dim=2)
+        return self.output(y.transpose(1, 2)), out_lengths
 
 
 MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN}

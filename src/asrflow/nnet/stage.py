@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from asrflow.data.datadir import read_table
+from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.train import TrainOptions, train
@@ -82,8 +83,9 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     data_dir, out = Path(data_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if objective == "hybrid":
-        if gmm_dir is None:
-            raise ValueError(f"hybrid network {system!r} needs the GMM alignments (--gmm)")
+        if gmm_dir is None or not (Path(gmm_dir) / "ali" / "pdfs.txt").is_file():
+            raise NnetError(f"hybrid network {system!r} needs the GMM alignments: --gmm must be a GMM system "
+                            f"folder with ali/pdfs.txt (got {gmm_dir})")
         targets = hybrid_targets(Path(gmm_dir))
     else:
         targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"])
@@ -100,13 +102,22 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     log(f"{system} ({model['type']}, {objective}): {len(train_set)} training and {len(valid_set)} held-out "
         f"utterances, {targets.num_classes} classes; {len(rejected)} left out")
     if not len(train_set) or not len(valid_set):
-        raise ValueError(f"no usable training or held-out utterances for {system} on {train_split} "
+        raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                          f"(see {out / 'report.tsv'})")
     (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
     run.log_params({f"nnet.effective.{k}": v for k, v in vars(opts).items()})
-    summary = train(model, opts, train_set, valid_set, targets.num_classes, out,
-                    log_metrics=lambda step, metrics: run.log_metrics(metrics, step=step), log=log,
+    pending: list[tuple[int, dict]] = []
+
+    def log_metrics(step: int, metrics: dict) -> None:
+        """Buffer per-step metrics; flush every 25 steps and with each held-out evaluation."""
+        pending.append((step, metrics))
+        if len(pending) >= 25 or "valid_loss" in metrics:
+            run.log_metric_steps(pending)
+            pending.clear()
+
+    summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
                     objective=objective, extra=targets.extra, state_dir=state_dir or out / "state")
+    run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}

@@ -139,6 +139,18 @@ class StageRun:
         batch = [Metric(k, float(v), now, step or 0) for k, v in sorted(metrics.items())]
         self.client.log_batch(self.run_id, metrics=batch)
 
+    def log_metric_steps(self, steps: list[tuple[int, Mapping[str, float]]]) -> None:
+        """Log many steps' metrics in few requests (per-step training metrics, buffered by the caller)."""
+        if self.client is None or not steps:
+            return
+        from mlflow.entities import Metric
+        import time
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for step, metrics in steps for k, v in sorted(metrics.items())]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         if self.client is not None:
             _log_params(self.client, self.run_id, {k: str(v) for k, v in params.items()})
