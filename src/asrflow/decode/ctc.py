@@ -3,8 +3,9 @@
 Prefixes are unit sequences with separate blank / non-blank ending scores (Hannun et al.,
 2014). A unit that starts a word ("▁") closes the word before it, which then adds
 ``lm_weight · ln p(word | history) + word_bonus`` to the prefix's score; the last word and
-``</s>`` are scored at the end. Units below ``prune`` (log probability) at a frame are not
-tried, and a frame where blank is nearly certain only extends by blank.
+``</s>`` are scored at the end. Only a frame's ``max_units`` most probable units above
+``prune`` (log probability) are tried, and a frame where blank is nearly certain only
+extends by blank.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class SearchOptions:
     lm_weight: float = 0.5
     word_bonus: float = 1.0
     prune: float = -8.0  # ln p below which a unit is not tried at a frame
-    blank_skip: float = -1e-3  # ln p(blank) above which only the blank extension is kept
+    max_units: int = 8  # at most this many of a frame's most probable units are tried
+    blank_skip: float = -0.01  # ln p(blank) above which (p > 99 %) only the blank extension is kept
 
 
 @dataclass
@@ -67,6 +69,13 @@ def _extend(words: _Words, piece: str, starts_word: bool, lm: ArpaLM | None, opt
     return _Words(words.score, words.history, words.partial + text)
 
 
+def _candidates(frame: np.ndarray, opts: SearchOptions) -> list[int]:
+    """Non-blank units worth extending by at a frame: the ``max_units`` most probable above ``prune``."""
+    k = min(opts.max_units + 1, frame.shape[0])
+    top = np.argpartition(-frame, k - 1)[:k]
+    return [int(c) for c in top if c and frame[c] > opts.prune]
+
+
 def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.ndarray, lm: ArpaLM | None,
                        opts: SearchOptions) -> list[str]:
     """Best word sequence for one utterance's CTC log posteriors ``(frames, classes)``; class 0 = blank."""
@@ -74,7 +83,7 @@ def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.
     words: dict[tuple, _Words] = {(): _Words(0.0, (BOS,), "")}
     for frame in log_probs:
         blank = float(frame[0])
-        candidates = [] if blank > opts.blank_skip else [int(c) for c in np.nonzero(frame > opts.prune)[0] if c]
+        candidates = [] if blank > opts.blank_skip else _candidates(frame, opts)
         nxt: dict[tuple, list[float]] = {}
 
         def add(prefix: tuple, blank_end: float, non_blank_end: float) -> None:
