@@ -141,8 +141,11 @@ def cmd_nnet(args: argparse.Namespace) -> int:
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
         manifest = train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, run,
                                 state_dir=args.state, log=_log)
-        run.log_metrics({k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
-                                                   "frames_per_second", "data_wait_fraction", "rejected")})
+        run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
+                                                      "rejected")},
+                         # whole-run means; frames_per_second / data_wait_fraction are the per-step series
+                         "mean_frames_per_second": manifest["frames_per_second"],
+                         "mean_data_wait_fraction": manifest["data_wait_fraction"]})
         out = Path(args.out)
         run.log_artifact(out / "manifest.json")
         run.log_artifact(out / "report.tsv")

@@ -14,7 +14,7 @@ def _run(stage: str, start: int, metrics: dict, params: dict | None = None, **ta
 def test_rows_take_the_newest_run_and_format_the_table() -> None:
     runs = [
         _run("gmm-tri-train", 1, {"seconds": 25.0, "parameters": 1000}, {"gmm.tri.leaves": "300"}),
-        _run("nnet-dnn-train", 2, {"seconds": 60.0, "parameters": 12345, "frames_per_second": 50000.0},
+        _run("nnet-dnn-train", 2, {"seconds": 60.0, "parameters": 12345, "mean_frames_per_second": 50000.0},
              {"nnet.models.dnn.type": "dnn", "nnet.models.dnn.objective": "hybrid", "nnet.models.dnn.hidden": "512"}),
         _run("score-tri-test", 3, {"wer": 0.010, "ser": 0.02, "rtf": 0.01}),
         _run("score-dnn-test", 4, {"wer": 0.020, "ser": 0.03, "rtf": 0.02}),

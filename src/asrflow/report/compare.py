@@ -63,7 +63,7 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
         if training:
             row.train_seconds = training.metrics.get("seconds")
             row.parameters = training.metrics.get("parameters")
-            row.frames_per_second = training.metrics.get("frames_per_second")
+            row.frames_per_second = training.metrics.get("mean_frames_per_second")
             row.run_id = training.run_id
         for test in tests:
             score = latest.get(f"score-{system}-{test}")
