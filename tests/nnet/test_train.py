@@ -87,3 +87,18 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_schedules_warm_up_then_decay_or_newbob() -> None:
+    from asrflow.nnet.train import Schedule, TrainOptions, newbob_update
+
+    inv = Schedule("warmup_invsqrt", 10)
+    assert inv(0) == 0.1 and inv(9) == 1.0 and abs(inv(39) - 0.5) < 1e-12
+    bob = Schedule("newbob", 10)
+    opts = TrainOptions(newbob_threshold=0.01, newbob_factor=0.5)
+    assert bob(100) == 1.0
+    assert not newbob_update(bob, float("inf"), 2.0, opts)  # first epoch: nothing to compare
+    assert not newbob_update(bob, 2.0, 1.5, opts) and bob.scale == 1.0  # 25 % better: keep the rate
+    assert newbob_update(bob, 1.5, 1.499, opts) and bob(100) == 0.5  # plateau: halve
+    assert newbob_update(bob, 1.499, 1.6, opts) and bob.scale == 0.25  # worse: halve again
+    assert not newbob_update(inv, 2.0, 2.0, opts)  # only newbob reacts
