@@ -55,3 +55,18 @@ def test_model_trains_on_a_toy_task() -> None:
 def test_unknown_type_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown model type 'rnn'"):
         build_model({"type": "rnn"}, 40, 10)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c["type"] + str(len(c)))
+def test_batched_inference_matches_one_by_one(config: dict) -> None:
+    import numpy as np
+
+    from asrflow.nnet.inference import batch_log_posteriors, log_posteriors
+
+    torch.manual_seed(1)
+    model = build_model(config, input_dim=12, output_dim=7).eval()
+    rng = np.random.default_rng(0)
+    feats = [rng.standard_normal((n, 12)).astype(np.float32) for n in (23, 9, 40, 17)]
+    batched = batch_log_posteriors(model, feats, max_frames=60)
+    for x, y in zip(feats, batched):
+        np.testing.assert_allclose(y, log_posteriors(model, x), atol=1e-4)

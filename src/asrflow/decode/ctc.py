@@ -19,7 +19,7 @@ import numpy as np
 from asrflow.decode.decoder import DecodeResult
 from asrflow.gmm.estep import Shard, features
 from asrflow.lang.lm import BOS, EOS, ArpaLM
-from asrflow.nnet.inference import cached_network, log_posteriors
+from asrflow.nnet.inference import batch_log_posteriors, cached_network
 from asrflow.nnet.units import Units
 
 NEG_INF = float("-inf")
@@ -120,17 +120,17 @@ def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.
 def decode_shard(shard: Shard, network_path: str, lm_path: str | None, opts: SearchOptions) -> DecodeResult:
     """Words of each utterance of a shard with a CTC network (runs on a Dask worker).
 
-    The RTF covers the network's forward pass and the search.
+    The shard's forward passes run in padded batches; the RTF covers them and the search.
     """
     network, header = cached_network(network_path)
     units = Units(header["units"].numpy().tobytes())
     lm = _lm(lm_path)
-    hyps, frames = {}, 0
     start = time.perf_counter()
-    for utt, x in zip(shard.utts, features(shard)):
-        hyps[utt] = prefix_beam_search(log_posteriors(network, x), units.pieces, units.word_start, lm, opts)
-        frames += x.shape[0]
-    return DecodeResult(hyps, [], frames, time.perf_counter() - start)
+    feats = features(shard)
+    posteriors = batch_log_posteriors(network, feats)
+    hyps = {utt: prefix_beam_search(p, units.pieces, units.word_start, lm, opts)
+            for utt, p in zip(shard.utts, posteriors)}
+    return DecodeResult(hyps, [], sum(x.shape[0] for x in feats), time.perf_counter() - start)
 
 
 _LMS: dict[str, ArpaLM] = {}

@@ -7,13 +7,15 @@ handed to Kaldi's lattice-faster decoder through the wheels' matrix decodable.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_all
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg
-from asrflow.nnet.inference import cached_network, log_posteriors
+from asrflow.nnet.inference import batch_log_posteriors, cached_network
 
 def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8) -> np.ndarray:
     """Log prior of each pdf from the training alignment counts."""
@@ -32,16 +34,19 @@ def transition_loglikes(log_post: np.ndarray, log_prior: np.ndarray, tid2pdf: np
 
 def decode_shard(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
                  opts: DecodeOptions) -> DecodeResult:
-    """1-best word ids of a shard with the hybrid model (runs on a Dask worker).
+    """1-best words of a shard with the hybrid model (runs on a Dask worker).
 
-    The RTF includes the network's forward pass, since it runs inside the decodable.
+    The shard's forward passes run in padded batches; the RTF includes them.
     """
     network, _ = cached_network(network_path)
     gmm = GmmModel.from_bytes(gmm_blob)
-
-    def pseudo_loglikes(x: np.ndarray):
-        log_post = log_posteriors(network, x)
-        return khg.DecodableCtc(transition_loglikes(log_post, priors, gmm.tid2pdf, opts.acoustic_scale))
-
-    items = [(utt, x.shape[0], lambda x=x: pseudo_loglikes(x)) for utt, x in zip(shard.utts, features(shard))]
-    return decode_all(graph_path, gmm.tm, opts, items)
+    start = time.perf_counter()
+    feats = features(shard)
+    posteriors = batch_log_posteriors(network, feats)
+    forward = time.perf_counter() - start
+    items = [(utt, x.shape[0], lambda p=p: khg.DecodableCtc(transition_loglikes(p, priors, gmm.tid2pdf,
+                                                                                 opts.acoustic_scale)))
+             for utt, x, p in zip(shard.utts, feats, posteriors)]
+    result = decode_all(graph_path, gmm.tm, opts, items)
+    result.seconds += forward
+    return result

@@ -40,3 +40,29 @@ def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:
         logits, lengths = network(torch.from_numpy(np.ascontiguousarray(feats)).unsqueeze(0),
                                   torch.tensor([feats.shape[0]]))
         return torch.log_softmax(logits[0, : int(lengths[0])].float(), dim=-1).numpy()
+
+
+def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray], max_frames: int = 20000) -> list[np.ndarray]:
+    """:func:`log_posteriors` of many utterances, run in length-sorted padded batches.
+
+    Batches hold at most ``max_frames`` padded frames; padding repeats each utterance's last
+    frame, and every model gives the same output for an utterance alone or in a batch.
+    """
+    from asrflow.nnet.data import collate
+
+    order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
+    out: list[np.ndarray | None] = [None] * len(feats)
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and feats[order[end]].shape[0] * (end - start + 1) <= max_frames:
+            end += 1
+        group = order[start:end]
+        batch = collate([("", torch.from_numpy(np.ascontiguousarray(feats[i])), None) for i in group])
+        with torch.no_grad():
+            logits, lengths = network(batch["feats"], batch["lengths"])
+            log_post = torch.log_softmax(logits.float(), dim=-1).numpy()
+        for row, i in enumerate(group):
+            out[i] = log_post[row, : int(lengths[row])]
+        start = end
+    return out  # type: ignore[return-value]
