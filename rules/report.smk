@@ -1,5 +1,6 @@
 # The comparison of the experiment's systems (asrflow compare, from MLflow) and the
 # figures `snakemake --report report.html` embeds.
+from pathlib import Path
 
 
 rule compare:
@@ -18,7 +19,7 @@ rule compare:
         experiment=config["experiment"],
         systems=" ".join(config["evaluation"]["systems"]),
         tests=" ".join(config["evaluation"]["test_sets"]),
-        out=f"{RESULTS}/compare",
+        out=lambda wildcards, output: Path(output.table).parent,
     log:
         f"{RESULTS}/logs/compare.log",
     conda:
