@@ -24,7 +24,7 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("ASRFLOW_PARENT_RUN_ID", None)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args],
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=1500)
     if check and proc.returncode != 0:
         pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
