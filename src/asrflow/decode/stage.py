@@ -89,7 +89,8 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
     if objective == "hybrid":
         if gmm_dir is None or graph_dir is None:
             raise ValueError(f"hybrid network {system!r} needs --gmm and --graph to decode")
-        opts = DecodeOptions(beam=config["decode"]["beam"], max_active=config["decode"]["max_active"],
+        opts = DecodeOptions(beam=dcfg["graph_beam"] or config["decode"]["beam"],
+                             max_active=dcfg["max_active"] or config["decode"]["max_active"],
                              lattice_beam=config["decode"]["lattice_beam"], acoustic_scale=dcfg["acoustic_scale"])
         priors = np.load(Path(net_dir) / "priors.npy")
         blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
@@ -97,7 +98,7 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
         results = run_sharded(client, hybrid.decode_shard, shards, network, priors, blob, graph_path, opts,
                               units=[len(s.utts) for s in shards], desc=f"decode-{system}-{test}",
                               retries=config["dask"]["retries"])
-        settings = {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam}
+        settings = {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam, "max_active": opts.max_active}
     else:
         search = ctc.SearchOptions(beam=dcfg["beam"], lm_weight=dcfg["lm_weight"], word_bonus=dcfg["word_bonus"],
                                    prune=dcfg["prune"])

@@ -41,7 +41,7 @@ def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: 
     model = config["nnet"]["models"][system]
     opts = FeatureOptions.from_config(config["features"], config["nnet"]["features"], config["audio"]["sample_rate"])
     settings = {"system": system, "objective": model["objective"], "features": asdict(opts),
-                "decode": config["nnet"]["decode"], "seed": config["seed"]}
+                "decode": config["nnet"]["decode"], "graph_decode": config["decode"], "seed": config["seed"]}
     (net_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
     np.save(net_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
     files = {"network": net_dir / "final.pt", "settings": net_dir / SETTINGS, "cmvn": net_dir / "cmvn.npy"}
@@ -59,6 +59,8 @@ class Transcriber:
         from asrflow.nnet.inference import load_network
 
         self.settings = json.loads(Path(files["settings"]).read_text())
+        graph_decode = self.settings.get("graph_decode", {})
+        self.graph_beam, self.max_active = graph_decode.get("beam", 13.0), graph_decode.get("max_active", 7000)
         self.network, self.header = load_network(files["network"])
         self.features = FeatureOptions(**self.settings["features"])
         self.cmvn = np.load(files["cmvn"]) if files.get("cmvn") else None
@@ -101,7 +103,8 @@ class Transcriber:
             from asrflow.nnet.hybrid import transition_loglikes
 
             priors = self.header["priors"].numpy()
-            opts = DecodeOptions(acoustic_scale=decode["acoustic_scale"])
+            opts = DecodeOptions(acoustic_scale=decode["acoustic_scale"], beam=decode["graph_beam"] or self.graph_beam,
+                                 max_active=decode["max_active"] or self.max_active)
             items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(transition_loglikes(
                 log_posteriors(self.network, x), priors, self.gmm.tid2pdf, opts.acoustic_scale)))
                 for i, x in enumerate(feats)]
