@@ -85,13 +85,13 @@ def test_an_overlay_replaces_the_networks_and_checks_their_options(tmp_path: Pat
 
     yesno = load_config(REPO / "config/config.yaml", REPO / "config/experiments/yesno.yaml")
     fsdd = load_config(REPO / "config/config.yaml")
-    assert yesno["nnet"]["models"]["ctc"]["type"] == "cnn" and "hidden" not in yesno["nnet"]["models"]["ctc"]
-    assert fsdd["nnet"]["models"]["ctc"]["type"] == "lstm"
+    assert yesno["nnet"]["models"]["ctc"]["vocab_size"] == 64  # the default, not FSDD's 32
+    assert fsdd["nnet"]["models"]["ctc"]["vocab_size"] == 32
     assert yesno["nnet"]["models"]["dnn"]["dropout"] == 0.1  # the model's default, not FSDD's 0.15
     merged = merge(fsdd, yaml.safe_load((REPO / "config/experiments/yesno.yaml").read_text()), ("x",))
-    assert "hidden" in merged["nnet"]["models"]["ctc"]  # what a plain deep merge (Snakemake's) gives ...
+    assert merged["nnet"]["models"]["ctc"]["vocab_size"] == 32  # what a plain deep merge (Snakemake's) gives ...
     fixed = reapply_replaced(merged, [REPO / "config/experiments/yesno.yaml"])
-    assert "hidden" not in fixed["nnet"]["models"]["ctc"]  # ... and what setup_workflow restores
+    assert "vocab_size" not in fixed["nnet"]["models"]["ctc"]  # ... and what setup_workflow restores
     bad = tmp_path / "bad.yaml"
     bad.write_text("nnet: {models: {dnn: {type: dnn, bidirectional: true}}}\nevaluation: {systems: [dnn]}\n")
     with pytest.raises(ConfigError, match=r"nnet.models.dnn.*bidirectional not an option of a dnn model"):
