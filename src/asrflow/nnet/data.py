@@ -10,6 +10,7 @@ every rank runs the same number of steps (synchronous all-reduce needs that).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,14 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def part(self, rank: int, world: int) -> "FeatureDataset":
+        """Every ``world``-th utterance from ``rank`` (disjoint parts for distributed evaluation)."""
+        if world == 1:
+            return self
+        part = copy.copy(self)
+        part.items = self.items[rank::world]
+        return part
 
     @property
     def lengths(self) -> list[int]:

@@ -162,7 +162,6 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     schedule = Schedule(opts.schedule, opts.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     sampler = BucketBatchSampler(train_set.lengths, opts.max_frames, opts.seed, rank, world)
-    valid_sampler_rank = (rank, world)
     state = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"), "bad_epochs": 0}
     state_path = Path(state_dir) if state_dir else out
     state_path.mkdir(parents=True, exist_ok=True)
@@ -189,7 +188,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
                           "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "state": dict(state),
                           "identity": identity}, ckpt)
 
-    valid_part = _rank_part(valid_set, *valid_sampler_rank)
+    valid_part = valid_set.part(rank, world)
     start = time.perf_counter()
     frames_total = compute_seconds = wait_seconds = 0.0
     while state["epoch"] < opts.epochs and state["bad_epochs"] < opts.patience:
@@ -255,16 +254,6 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
             "parameters": parameter_count(model), "seconds": seconds, "world_size": world,
             "device": str(device), "frames_per_second": frames_total * world / max(compute_seconds + wait_seconds, 1e-9),
             "data_wait_fraction": wait_seconds / max(compute_seconds + wait_seconds, 1e-9)}
-
-
-def _rank_part(dataset: FeatureDataset, rank: int, world: int) -> FeatureDataset:
-    """Every ``world``-th held-out utterance, so ranks score disjoint parts and sum them."""
-    if world == 1:
-        return dataset
-    part = object.__new__(FeatureDataset)
-    part.__dict__.update(dataset.__dict__)
-    part.items = dataset.items[rank::world]
-    return part
 
 
 def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: TrainOptions, objective: str,
