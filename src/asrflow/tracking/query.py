@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -15,7 +15,6 @@ class RunRecord:
     tags: dict[str, str]
     params: dict[str, str]
     metrics: dict[str, float]
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
 
 
 def _client(uri: str):
