@@ -19,3 +19,13 @@ def test_transition_columns_follow_their_pdfs() -> None:
     assert m[0, 0] == pytest.approx(0.5 * (np.log(0.7) - np.log(0.5)))
     assert m[1, 4] == pytest.approx(0.5 * (np.log(0.8) - np.log(0.25)))
     assert m[:, 0].tolist() == m[:, 1].tolist()  # two transitions of the same pdf
+
+
+def test_hybrid_decode_options_fall_back_to_the_gmm_settings() -> None:
+    from asrflow.nnet.hybrid import decode_options
+
+    gmm = {"beam": 13.0, "max_active": 7000, "lattice_beam": 6.0}
+    opts = decode_options({"acoustic_scale": 0.1, "graph_beam": None, "max_active": None}, gmm)
+    assert (opts.beam, opts.max_active, opts.acoustic_scale) == (13.0, 7000, 0.1)
+    opts = decode_options({"acoustic_scale": 0.1, "graph_beam": 8.0, "max_active": 1000}, gmm)
+    assert (opts.beam, opts.max_active, opts.lattice_beam) == (8.0, 1000, 6.0)

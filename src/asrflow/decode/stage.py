@@ -77,7 +77,7 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
                       log=print) -> dict[str, Any]:
     """Decode split ``test`` with network ``system``: hybrid through the GMM's HCLG, CTC by prefix beam search."""
     from asrflow.decode import ctc
-    from asrflow.nnet import hybrid
+    from asrflow.nnet import NnetError, hybrid
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,10 +88,8 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
     start = time.perf_counter()
     if objective == "hybrid":
         if gmm_dir is None or graph_dir is None:
-            raise ValueError(f"hybrid network {system!r} needs --gmm and --graph to decode")
-        opts = DecodeOptions(beam=dcfg["graph_beam"] or config["decode"]["beam"],
-                             max_active=dcfg["max_active"] or config["decode"]["max_active"],
-                             lattice_beam=config["decode"]["lattice_beam"], acoustic_scale=dcfg["acoustic_scale"])
+            raise NnetError(f"hybrid network {system!r} needs --gmm and --graph to decode")
+        opts = hybrid.decode_options(dcfg, config["decode"])
         priors = np.load(Path(net_dir) / "priors.npy")
         blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
         graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")

@@ -17,6 +17,14 @@ from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
 
+
+def decode_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
+    """Lattice-faster settings of a hybrid: ``nnet.decode`` beam and active states, else the GMM's ``decode``."""
+    return DecodeOptions(beam=nnet_decode.get("graph_beam") or graph_decode["beam"],
+                         max_active=nnet_decode.get("max_active") or graph_decode["max_active"],
+                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["acoustic_scale"])
+
+
 def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8) -> np.ndarray:
     """Log prior of each pdf from the training alignment counts."""
     counts = np.zeros(num_pdfs)

@@ -59,8 +59,6 @@ class Transcriber:
         from asrflow.nnet.inference import load_network
 
         self.settings = json.loads(Path(files["settings"]).read_text())
-        graph_decode = self.settings.get("graph_decode", {})
-        self.graph_beam, self.max_active = graph_decode.get("beam", 13.0), graph_decode.get("max_active", 7000)
         self.network, self.header = load_network(files["network"])
         self.features = FeatureOptions(**self.settings["features"])
         self.cmvn = np.load(files["cmvn"]) if files.get("cmvn") else None
@@ -98,13 +96,12 @@ class Transcriber:
         feats = [self.featurise(p) for p in paths]
         decode = self.settings["decode"]
         if self.settings["objective"] == "hybrid":
-            from asrflow.decode.decoder import DecodeOptions, decode_all
+            from asrflow.decode.decoder import decode_all
             from asrflow.kaldi import khg
-            from asrflow.nnet.hybrid import transition_loglikes
+            from asrflow.nnet.hybrid import decode_options, transition_loglikes
 
             priors = self.header["priors"].numpy()
-            opts = DecodeOptions(acoustic_scale=decode["acoustic_scale"], beam=decode["graph_beam"] or self.graph_beam,
-                                 max_active=decode["max_active"] or self.max_active)
+            opts = decode_options(decode, self.settings["graph_decode"])
             items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(transition_loglikes(
                 log_posteriors(self.network, x), priors, self.gmm.tid2pdf, opts.acoustic_scale)))
                 for i, x in enumerate(feats)]
