@@ -7,6 +7,7 @@ from asrflow.workflow import (
     nnet_decode_inputs,
     nnet_inputs,
     optional_args,
+    parallel_settings,
     compare_targets,
     pipeline_finished,
     pipeline_started,

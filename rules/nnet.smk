@@ -1,6 +1,7 @@
 # Neural acoustic models: one torchrun job per network and training split.
 # Hybrid networks learn the GMM's tied states from its alignments; CTC networks learn units
-# from the transcripts. nnet.processes learners (gloo on CPU, NCCL on GPU) share the job.
+# from the transcripts. nnet.parallel.learners learners (gloo on CPU, NCCL on GPU) share the job,
+# exchanging gradients or models as nnet.parallel.strategy says.
 
 
 rule nnet:
@@ -14,7 +15,7 @@ rule nnet:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
-        processes=config["nnet"]["processes"],
+        learners=lambda wildcards: parallel_settings(config, wildcards.system)["learners"],
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "lang"),
     threads: workflow.cores
@@ -27,7 +28,7 @@ rule nnet:
     conda:
         "../envs/gpu.yaml"
     shell:
-        "torchrun --nnodes 1 --nproc-per-node {params.processes} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0"
+        "torchrun --nnodes 1 --nproc-per-node {params.learners} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0"
         " --no-python asrflow nnet --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --data {input.data} --features {input.features} {params.optional} --state {params.state}"
         " --threads {threads} --out {output} > {log} 2>&1"

@@ -125,6 +125,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
     from asrflow.nnet.transcribe import bundle_files
     from asrflow.tracking import StageRun, stage_run
     from asrflow.tracking.pyfunc import log_transcriber
+    from asrflow.workflow import parallel_settings
 
     config = _load(args)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -138,11 +139,17 @@ def cmd_nnet(args: argparse.Namespace) -> int:
                      state_dir=args.state, log=lambda m: None)
         return 0
     with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
-        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
+        parallel = parallel_settings(config, args.system)
+        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train,
+                      "asrflow.strategy": parallel["strategy"] if world > 1 else "single"})
+        run.log_params({f"nnet.parallel.effective.{k}": v for k, v in parallel.items()})
         manifest = train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, run,
                                 state_dir=args.state, log=_log)
+        means = ("mean_t_data", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step")
         run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
-                                                      "rejected")},
+                                                      "rejected", *means)},
+                         **({"best_valid_frame_accuracy": manifest["best_valid_frame_accuracy"]}
+                            if manifest.get("best_valid_frame_accuracy") is not None else {}),
                          # whole-run means; frames_per_second / data_wait_fraction are the per-step series
                          "mean_frames_per_second": manifest["frames_per_second"],
                          "mean_data_wait_fraction": manifest["data_wait_fraction"]})
@@ -370,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     from asrflow.data.audio import AudioError
     from asrflow.data.datadir import DataDirError
     from asrflow.nnet import NnetError
+    from asrflow.parallel import ParallelError
 
     args = build_parser().parse_args(argv)
     try:
@@ -377,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (CorpusError, DownloadError, DataDirError, AudioError, NnetError, FileNotFoundError) as exc:
+    except (CorpusError, DownloadError, DataDirError, AudioError, NnetError, ParallelError, FileNotFoundError) as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return 1
 

@@ -29,12 +29,17 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "lang": ("lang",),
     "gmm": ("seed", "gmm"),
     "decode": ("decode",),
-    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.processes", "nnet.train",
+    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
              "nnet.models.{system}"),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
 }
 
 GMM_SYSTEMS = ("mono", "tri")
+
+
+def parallel_settings(config: dict[str, Any], system: str) -> dict[str, Any]:
+    """``nnet.parallel`` overlaid with network ``system``'s own ``parallel`` overrides."""
+    return {**config["nnet"]["parallel"], **config["nnet"]["models"][system].get("parallel", {})}
 
 
 def train_split(test: str) -> str:

@@ -17,6 +17,7 @@ once training has finished.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,6 +32,8 @@ from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.train import TrainOptions, train
 from asrflow.nnet.units import Units
+from asrflow.parallel.base import ParallelOptions
+from asrflow.workflow import parallel_settings
 
 
 @dataclass
@@ -48,6 +51,16 @@ def train_options(config: dict[str, Any], system: str) -> TrainOptions:
     merged = {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
     known = {f.name for f in fields(TrainOptions)}
     return TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"])
+
+
+def parallel_options(config: dict[str, Any], system: str) -> ParallelOptions:
+    """``nnet.parallel`` with the model's overrides; the learner count must match the processes torchrun started."""
+    opts = ParallelOptions(**parallel_settings(config, system))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != opts.learners:
+        raise NnetError(f"nnet.parallel.learners is {opts.learners} but {world} learner process(es) are running; "
+                        f"start them with torchrun --nproc-per-node {opts.learners}")
+    return opts
 
 
 def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
@@ -116,7 +129,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
             pending.clear()
 
     summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
-                    objective=objective, extra=targets.extra, state_dir=state_dir or out / "state")
+                    objective=objective, extra=targets.extra, state_dir=state_dir or out / "state",
+                    parallel=parallel_options(config, system))
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "classes": targets.num_classes, "train_utterances": len(train_set),

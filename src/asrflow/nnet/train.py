@@ -1,10 +1,13 @@
 """One trainer for every neural acoustic model and objective (hybrid frame CE or CTC).
 
-Runs as one process or under ``torchrun`` (``torch.distributed``: gloo on CPU, NCCL on GPU,
-DDP all-reduce). Checkpoints hold the full state — model, optimiser, scheduler, RNG, epoch
-and position inside the epoch — are written atomically every ``checkpoint_every`` steps and
-loaded with ``weights_only=True``; a run killed at any point and restarted ends with the
-same model as an uninterrupted one. On a GPU the forward pass runs under bfloat16 autocast
+Runs as one process or under ``torchrun`` (``torch.distributed``: gloo on CPU, NCCL on GPU),
+where a parallel strategy of :mod:`asrflow.parallel` (``nnet.parallel.strategy``) decides
+how the learners exchange gradients or models. Checkpoints hold the full state of every
+learner — model, optimiser, scheduler, RNG, the strategy's own state — and the epoch and
+position inside it; they are written atomically every ``checkpoint_every`` steps by learner
+0 and loaded with ``weights_only=True``; a run killed at any point and restarted ends with
+the same model as an uninterrupted one (exactly so for one learner and the synchronous
+strategies). On a GPU the forward pass runs under bfloat16 autocast
 (``amp``); losses are computed in float32.
 """
 
@@ -24,6 +27,8 @@ import torch.distributed as dist
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
+from asrflow.parallel.base import ParallelOptions
+from asrflow.parallel.strategies import make_strategy
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -84,11 +89,17 @@ def _atomic_save(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _distributed() -> tuple[int, int, torch.device]:
-    """Rank, world size and device; joins the process group when started by ``torchrun``."""
+def _distributed(timeout: float = 1800.0) -> tuple[int, int, torch.device]:
+    """Rank, world size and device; joins the process group when started by ``torchrun``.
+
+    Point-to-point strategies (ring, adpsgd, asgd) need gloo beside NCCL on a GPU, so the
+    group is created with both backends there.
+    """
     cuda = torch.cuda.is_available()
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        from datetime import timedelta
+
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -134,63 +145,85 @@ def _average(values: list[float], device: torch.device, world: int) -> list[floa
     return tensor.tolist()
 
 
+def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any, strategy: Any) -> dict:
+    """One learner's part of a checkpoint."""
+    return {"model": model.state_dict(), "optimiser": optimiser.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": torch.get_rng_state(), "strategy": strategy.state_dict()}
+
+
+def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
+    """Every learner's ``value`` on learner 0 (None elsewhere)."""
+    if world == 1:
+        return [value]
+    values: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(value, values, dst=0)
+    return values
+
+
 def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDataset, valid_set: FeatureDataset,
           num_classes: int, out_dir: str | Path, log_metrics: Callable[[int, dict], None] = lambda s, m: None,
           log: Callable[[str], None] = print, objective: str = "hybrid",
-          extra: dict[str, Any] | None = None, state_dir: str | Path | None = None) -> dict[str, Any]:
+          extra: dict[str, Any] | None = None, state_dir: str | Path | None = None,
+          parallel: ParallelOptions | None = None) -> dict[str, Any]:
     """Train (or resume) and write ``final.pt`` (the best held-out model); returns a summary.
 
     Checkpoints go to ``state_dir`` (default ``out_dir``); one written by a run with another
-    model, objective, class count or options is ignored rather than resumed.
+    model, objective, class count, options, strategy or learner count is ignored rather than
+    resumed.
 
     ``objective`` is ``hybrid`` (frame cross-entropy on ``train_set``'s frame targets) or
     ``ctc`` (its unit sequences). ``extra`` is stored in ``final.pt`` beside the weights
-    (e.g. the unit inventory), so a model file is self-describing.
+    (e.g. the unit inventory), so a model file is self-describing. ``parallel`` chooses the
+    strategy when several learners run under torchrun (default: all-reduce).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    parallel = parallel or ParallelOptions()
     loss_fn = OBJECTIVES[objective]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rank, world, device = _distributed()
+    rank, world, device = _distributed(parallel.timeout)
     torch.manual_seed(opts.seed)
     input_dim = train_set[0][1].shape[1]
     model = build_model(model_config, input_dim, num_classes).to(device)
-    ddp = (torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-           if world > 1 else model)
+    torch.manual_seed(opts.seed + 7919 * rank)  # same initial model everywhere; own dropout masks per learner
     optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
     schedule = Schedule(opts.schedule, opts.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
+    strategy = make_strategy(parallel, model, optimiser, scheduler, rank, world, device, opts.clip)
     sampler = BucketBatchSampler(train_set.lengths, opts.max_frames, opts.seed, rank, world)
     state = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"), "bad_epochs": 0}
     state_path = Path(state_dir) if state_dir else out
     state_path.mkdir(parents=True, exist_ok=True)
     ckpt = state_path / CHECKPOINT
     identity = repr((sorted(model_config.items()), objective, num_classes, input_dim, sorted(vars(opts).items()),
-                     len(train_set), world))
+                     len(train_set), world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)})))
     saved = torch.load(ckpt, weights_only=True, map_location=device) if ckpt.is_file() else None
     if saved is not None and saved.get("identity") != identity:
         log(f"ignoring {ckpt}: written by a run with other settings")
         saved = None
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimiser.load_state_dict(saved["optimiser"])
-        scheduler.load_state_dict(saved["scheduler"])
-        torch.set_rng_state(saved["rng"].cpu())
+        mine = saved["learners"][rank]
+        model.load_state_dict(mine["model"])
+        optimiser.load_state_dict(mine["optimiser"])
+        scheduler.load_state_dict(mine["scheduler"])
+        strategy.load_state_dict(mine["strategy"])
+        torch.set_rng_state(mine["rng"].cpu())
         state = saved["state"]
         log(f"resumed from {ckpt}: epoch {state['epoch']}, batch {state['batch']}, step {state['step']}")
     header = {"config": dict(model_config), "num_classes": num_classes, "input_dim": input_dim,
               "objective": objective, **(extra or {})}
 
     def save() -> None:
+        strategy.quiesce()
+        learners = _gather(_learner_state(model, optimiser, scheduler, strategy), rank, world)
         if rank == 0:
-            _atomic_save({"model": model.state_dict(), "optimiser": optimiser.state_dict(),
-                          "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "state": dict(state),
-                          "identity": identity}, ckpt)
+            _atomic_save({"learners": learners, "state": dict(state), "identity": identity}, ckpt)
 
     valid_part = valid_set.part(rank, world)
     start = time.perf_counter()
-    frames_total = compute_seconds = wait_seconds = 0.0
+    totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0, "bytes": 0.0,
+              "steps": 0}
     while state["epoch"] < opts.epochs and state["bad_epochs"] < opts.patience:
         sampler.set_epoch(state["epoch"])
         batches = sampler.epoch_batches()
@@ -201,30 +234,37 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
                 batch = chunk_batch(batch, opts.chunk_frames)
             batch = _to(batch, device)
             t1 = time.perf_counter()
+            strategy.begin_step()
             with _autocast(device, opts.amp):
-                logits, out_lengths = ddp(batch["feats"], batch["lengths"])
+                logits, out_lengths = model(batch["feats"], batch["lengths"])
             loss, stats = loss_fn(logits, out_lengths, batch)
             optimiser.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip)
-            optimiser.step()
-            scheduler.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t2 = time.perf_counter()
+            strategy.finish_step()
+            scheduler.step()
+            t3 = time.perf_counter()
+            times = strategy.times
+            times.data, times.calc = t1 - t0, t2 - t1
             state["step"] += 1
             state["batch"] = index + 1
-            frames_total += stats.frames
-            compute_seconds += t2 - t1
-            wait_seconds += t1 - t0
+            for key, value in (("frames", stats.frames), ("data", times.data), ("calc", times.calc),
+                               ("transmit", times.transmit), ("merge", times.merge), ("wait", times.wait),
+                               ("bytes", times.bytes), ("steps", 1)):
+                totals[key] += value
             metrics = {"loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0],
-                       "frames_per_second": stats.frames * world / (t2 - t0),
-                       "data_wait_fraction": (t1 - t0) / (t2 - t0)}
+                       "frames_per_second": stats.frames * world / (t3 - t0),
+                       "data_wait_fraction": (t1 - t0) / (t3 - t0)}
+            if world > 1:
+                metrics.update(times.as_dict())
             if stats.correct is not None:
                 metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
             log_metrics(state["step"], metrics)
             if state["step"] % opts.checkpoint_every == 0:
                 save()
+        strategy.synchronise()
         valid_loss, valid_acc = _held_out(model, valid_part, opts, objective, device, world)
         log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
             + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
@@ -237,7 +277,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
             log(f"newbob: learning-rate scale now {schedule.scale:g}")
         state["last"] = valid_loss
         if valid_loss < state["best"] - 1e-4:
-            state["best"], state["bad_epochs"] = valid_loss, 0
+            state["best"], state["bad_epochs"], state["best_accuracy"] = valid_loss, 0, valid_acc
             if rank == 0:
                 _atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
         else:
@@ -245,15 +285,21 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         state["epoch"] += 1
         state["batch"] = 0
         save()
+    strategy.close()
     if rank == 0:
         best_path = state_path / "best.pt"
         best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
         _atomic_save(best or {"model": model.state_dict(), **header}, out / "final.pt")
     seconds = time.perf_counter() - start
+    busy = max(totals["data"] + totals["calc"] + totals["transmit"] + totals["merge"] + totals["wait"], 1e-9)
+    steps = max(totals["steps"], 1)
     return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
+            "best_valid_frame_accuracy": state.get("best_accuracy"),
             "parameters": parameter_count(model), "seconds": seconds, "world_size": world,
-            "device": str(device), "frames_per_second": frames_total * world / max(compute_seconds + wait_seconds, 1e-9),
-            "data_wait_fraction": wait_seconds / max(compute_seconds + wait_seconds, 1e-9)}
+            "strategy": parallel.strategy if world > 1 else "single", "device": str(device),
+            "frames_per_second": totals["frames"] * world / busy, "data_wait_fraction": totals["data"] / busy,
+            **{f"mean_t_{key}": totals[key] / steps for key in ("data", "calc", "transmit", "merge", "wait")},
+            "mean_bytes_per_step": totals["bytes"] / steps}
 
 
 def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: TrainOptions, objective: str,

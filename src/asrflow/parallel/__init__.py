@@ -1,0 +1,12 @@
+"""Parallel training strategies on ``torch.distributed`` (gloo on CPU, NCCL on GPU).
+
+``nnet.parallel.strategy`` picks one: ``allreduce`` (synchronous data parallelism),
+``ring`` (the ring structure parallel strategy, RSPS), ``kavg`` (K-step model averaging),
+``adpsgd`` (asynchronous decentralised parallel SGD), ``hierarchical`` (all-reduce groups
+exchanging ADPSGD-style) and ``asgd`` (parameter-server asynchronous SGD). Each records per
+step the times of the timing model in :mod:`asrflow.parallel.timing`.
+"""
+
+
+class ParallelError(RuntimeError):
+    """A learner is stuck or died, or the parallel settings cannot work; the message names the rank."""

@@ -1,0 +1,114 @@
+"""Convergence emulation of the parallel strategies on toy yesno targets (4 classes by position)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from asrflow.data.datadir import read_table
+from asrflow.nnet.data import BucketBatchSampler, FeatureDataset
+from asrflow.nnet.train import TrainOptions
+from asrflow.parallel.emulate import STRATEGIES, EmulationResult, emulate, pairs
+
+from ..nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
+
+MODEL = {"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.0}
+CHANCE = math.log(4)
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models: one thread is faster, and far faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def toy(fbank) -> FeatureDataset:  # noqa: F811
+    frames = {u: int(n) for u, n in read_table(fbank / "fbank" / "train" / "utt2num_frames").items()}
+    targets = {u: np.arange(n) * 4 // n for u, n in frames.items()}  # learnable: position in the utterance
+    return FeatureDataset(fbank / "data", fbank / "fbank", "train", targets)
+
+
+def _opts(epochs: int = EPOCHS) -> TrainOptions:
+    return TrainOptions(epochs=epochs, max_frames=1200, lr=1e-2, schedule="newbob", warmup_steps=3, seed=3,
+                        patience=100)
+
+
+def _run(toy: FeatureDataset, strategy: str, learners: int, epochs: int = EPOCHS, **kwargs) -> EmulationResult:
+    return emulate(strategy, learners, MODEL, toy, toy, 4, _opts(epochs), k=kwargs.pop("k", 2), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def two_learners(toy) -> tuple[dict[str, EmulationResult], list[str]]:
+    messages: list[str] = []
+    return {s: _run(toy, s, 2, log=messages.append) for s in STRATEGIES}, messages
+
+
+def test_pairs_alternate_and_wrap() -> None:
+    assert pairs(0, 4) == [(0, 1), (2, 3)] and pairs(1, 4) == [(1, 2), (3, 0)]
+    assert pairs(0, 3) == [(0, 1)] and pairs(1, 3) == [(1, 2)]  # odd n: one learner sits a round out
+    assert pairs(0, 2) == pairs(1, 2) == [(0, 1)]
+    assert pairs(5, 1) == []
+
+
+def test_one_learner_is_plain_training_for_every_strategy(toy, tmp_path) -> None:
+    from asrflow.nnet.train import train
+
+    reference = _run(toy, "allreduce", 1, epochs=2)
+    assert reference.steps == 2 * len(BucketBatchSampler(toy.lengths, 1200)) and reference.learners == 1
+    summary = train(MODEL, _opts(2), toy, toy, 4, tmp_path, log=lambda *_: None)
+    assert abs(summary["best_valid_loss"] - reference.valid_loss) < 1e-6  # the trainer itself (loss fell each epoch)
+    for strategy in ("ring", "kavg", "adpsgd", "asgd", "hierarchical"):
+        result = _run(toy, strategy, 1, epochs=2)
+        assert abs(result.valid_loss - reference.valid_loss) < 1e-6, strategy
+        assert result.steps == reference.steps and result.valid_frame_accuracy == reference.valid_frame_accuracy
+
+
+def test_every_strategy_learns_with_two_learners(toy, two_learners) -> None:
+    results, messages = two_learners
+    steps = EPOCHS * len(BucketBatchSampler(toy.lengths, 1200, 3, 0, 2))  # the batches are split in two
+    for strategy, result in results.items():
+        assert result.valid_loss < 0.9 * CHANCE, (strategy, result)
+        assert result.steps == steps and result.epochs == EPOCHS and result.learners == 2
+        assert result.as_dict()["strategy"] == strategy and 0.3 < result.valid_frame_accuracy <= 1
+    assert len({r.valid_loss for r in results.values()}) >= 4  # stale gradients and averaging change the path
+    assert results["hierarchical"].valid_loss == results["allreduce"].valid_loss  # one group of two: all-reduce
+    assert sum("held-out loss" in m for m in messages) == EPOCHS * len(STRATEGIES)
+
+
+def test_compressed_exchanges_still_learn(toy, two_learners) -> None:
+    results, _ = two_learners
+    for strategy in ("allreduce", "ring", "kavg"):
+        one_bit = _run(toy, strategy, 2, compression="1bit")
+        eight_bit = _run(toy, strategy, 2, compression="8bit")
+        assert one_bit.valid_loss < CHANCE and one_bit.valid_loss != results[strategy].valid_loss, (strategy, one_bit)
+        assert abs(eight_bit.valid_loss - results[strategy].valid_loss) < 0.01, (strategy, eight_bit)
+
+
+def test_hierarchical_groups_of_two_with_four_learners(toy) -> None:
+    result = _run(toy, "hierarchical", 4, group_size=2)
+    assert result.learners == 4 and result.valid_loss < CHANCE
+
+
+def test_bad_settings_are_clear_errors(toy) -> None:
+    with pytest.raises(ValueError, match=r"learners \(3\) divisible by the group size \(2\)"):
+        _run(toy, "hierarchical", 3, group_size=2)
+    for strategy in ("adpsgd", "hierarchical", "asgd"):
+        with pytest.raises(ValueError, match=f"supported by allreduce, ring, kavg only, not {strategy}"):
+            _run(toy, strategy, 2, compression="1bit")
+    with pytest.raises(ValueError, match="known: none, 1bit, 8bit"):
+        _run(toy, "ring", 2, compression="4bit")
+    with pytest.raises(ValueError, match="known: allreduce, ring"):
+        _run(toy, "gossip", 2)
+    with pytest.raises(ValueError, match="k >= 1"):
+        _run(toy, "kavg", 2, k=0)
+    with pytest.raises(ValueError, match="cannot give each of 1000 learners"):
+        _run(toy, "ring", 1000)

@@ -1,0 +1,129 @@
+"""The discrete-event simulator: limits it must reproduce and orderings between strategies."""
+
+from __future__ import annotations
+
+import pytest
+
+from asrflow.parallel.simulate import STRATEGIES, Network, SimConfig, partner, project, simulate
+from asrflow.parallel.timing import StepTimes, n_max
+
+T_CALC, T_MERGE = 0.1, 0.005
+SLOW = Network(bandwidth=1.25e8, latency=5e-5)  # 1 Gbit/s between nodes
+RING_BYTES = (0.0055 - 5e-5) * 1.25e8  # wire 5.5 ms on SLOW: n_max = 0.105 / 0.0105 = 10
+
+
+def run(strategy: str, learners: int, model_bytes: float = 2.4e6, network: Network = SLOW, **kw) -> float:
+    """Simulated speedup with the module's step times."""
+    return simulate(SimConfig(strategy, learners, T_CALC, T_MERGE, model_bytes, network, **kw)).speedup
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_one_learner_is_the_baseline(strategy: str) -> None:
+    assert run(strategy, 1, steps=50) == pytest.approx(1.0, abs=1e-9)
+    assert run(strategy, 1, steps=50, jitter=0.3) == pytest.approx(1.0, rel=0.05)
+
+
+def test_partners_are_mutual_and_alternate() -> None:
+    for n in range(1, 10):
+        for step in (0, 1):
+            for rank in range(n):
+                other = partner(rank, step, n)
+                assert other is None or (other != rank and partner(other, step, n) == rank)
+    assert [partner(r, 0, 4) for r in range(4)] == [1, 0, 3, 2]
+    assert [partner(r, 1, 4) for r in range(4)] == [3, 2, 1, 0]
+    assert [partner(r, 1, 5) for r in range(5)] == [None, 2, 1, 4, 3]
+
+
+@pytest.mark.parametrize("learners", [2, 4, 8, 10, 12, 32, 64])
+def test_ring_saturates_at_n_max(learners: int) -> None:
+    result = simulate(SimConfig("ring", learners, T_CALC, T_MERGE, RING_BYTES, SLOW))
+    limit = n_max(StepTimes(calc=T_CALC, transmit=result.transmit, merge=T_MERGE))
+    assert result.n_max == pytest.approx(limit) and limit == pytest.approx(10.0)
+    assert result.speedup == pytest.approx(min(learners, limit), rel=0.05)
+    assert result.speedup <= min(learners, limit) * 1.0001
+
+
+def test_allreduce_loses_to_ring_when_transmit_is_large() -> None:
+    # wire 19 ms: ring overlaps it (4 learners < n_max 4.3), all-reduce adds 1.5 wires to every step
+    assert run("allreduce", 4) < 0.85 * run("ring", 4)
+
+
+def test_kavg_sits_between_allreduce_and_linear() -> None:
+    kavg = run("kavg", 16, k=8)
+    assert run("allreduce", 16) < kavg < 16
+
+
+def test_hierarchical_beats_flat_schemes_on_a_slow_network() -> None:
+    slow = Network(bandwidth=1.25e7, latency=5e-5, intra_bandwidth=2.5e10)  # 100 Mbit/s: a model takes 192 ms
+    hierarchical = run("hierarchical", 64, network=slow, group_size=8, steps=60)
+    assert hierarchical > 2 * run("allreduce", 64, network=slow, steps=60)
+    assert hierarchical > 2 * run("allreduce", 64, network=slow, group_size=8, steps=60)
+    assert hierarchical > 5 * run("ring", 64, network=slow, steps=60)
+    # one model per node crosses the network, so it keeps pace with flat ADPSGD (every learner has its own link)
+    assert hierarchical == pytest.approx(run("adpsgd", 64, network=slow, steps=60), rel=0.02)
+
+
+def test_degenerate_hierarchies() -> None:
+    kw = dict(steps=40, jitter=0.2, seed=3)
+    assert run("hierarchical", 8, group_size=1, **kw) == pytest.approx(run("adpsgd", 8, **kw))
+    assert run("hierarchical", 8, group_size=8, **kw) == pytest.approx(run("allreduce", 8, group_size=8, **kw))
+
+
+def test_jitter_hurts_allreduce_more_than_adpsgd() -> None:
+    fast = Network()
+
+    def loss(strategy: str) -> float:
+        jittered = run(strategy, 16, network=fast, jitter=0.3, seed=1, steps=100)
+        return jittered / run(strategy, 16, network=fast, steps=100)
+
+    assert loss("allreduce") < loss("adpsgd") - 0.15
+    assert loss("adpsgd") < 1.0
+
+
+def test_compression_raises_n_max() -> None:
+    plain = simulate(SimConfig("ring", 32, T_CALC, T_MERGE, 2.4e6, SLOW))
+    packed = simulate(SimConfig("ring", 32, T_CALC, T_MERGE, 2.4e6, SLOW, compression=32))
+    assert packed.n_max > 4 * plain.n_max
+    assert packed.speedup == pytest.approx(packed.n_max, rel=0.05)
+    assert plain.speedup == pytest.approx(plain.n_max, rel=0.05)
+
+
+def test_compressed_averages_are_all_gathers() -> None:
+    # ring: 32x fewer bytes per hop; all-reduce: the all-gather of 63 payloads of 1/32 costs about as much as before
+    assert run("ring", 64, compression=32, steps=50) > 4 * run("ring", 64, steps=50)
+    assert run("allreduce", 64, compression=32, steps=50) < 1.05 * run("allreduce", 64, steps=50)
+    assert run("allreduce", 4, compression=32, steps=50) > 1.2 * run("allreduce", 4, steps=50)
+
+
+def test_asgd_saturates_at_its_server() -> None:
+    results = project("asgd", [4, 32, 64], T_CALC, T_MERGE, 2.4e6, SLOW, steps=100)
+    wire = results[0].transmit
+    limit = (T_CALC + T_MERGE) / (2 * wire + T_MERGE)  # one server thread: receive, apply, send back
+    assert results[2].speedup == pytest.approx(results[1].speedup, rel=0.03)
+    assert results[2].speedup == pytest.approx(limit, rel=0.05)
+    ring = project("ring", [4, 64], T_CALC, T_MERGE, 2.4e6, SLOW, steps=100)
+    assert results[0].speedup < 0.8 * ring[0].speedup  # the ring overlaps its transmission, asgd waits a round trip
+    assert results[2].speedup < 0.7 * ring[1].speedup
+
+
+def test_deterministic_given_seed() -> None:
+    config = dict(strategy="adpsgd", learners=6, t_calc=T_CALC, t_merge=T_MERGE, model_bytes=2.4e6, jitter=0.2,
+                  steps=50)
+    first, again = simulate(SimConfig(**config, seed=7)), simulate(SimConfig(**config, seed=7))
+    assert first == again
+    assert simulate(SimConfig(**config, seed=8)).makespan != first.makespan
+
+
+def test_project_and_result_rows() -> None:
+    results = project("ring", [1, 2], T_CALC, T_MERGE, 2.4e6, steps=20)
+    assert [r.learners for r in results] == [1, 2]
+    row = results[1].as_dict()
+    assert set(row) == {"strategy", "learners", "group_size", "makespan", "speedup", "step_time", "transmit", "n_max"}
+    assert row["step_time"] == pytest.approx(row["makespan"] / 20)
+
+
+def test_bad_settings_raise() -> None:
+    with pytest.raises(ValueError, match="unknown strategy"):
+        simulate(SimConfig("gossip", 2, T_CALC, T_MERGE, 1.0))
+    with pytest.raises(ValueError, match="learners"):
+        simulate(SimConfig("ring", 0, T_CALC, T_MERGE, 1.0))
