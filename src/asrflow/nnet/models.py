@@ -128,8 +128,8 @@ class CNN(nn.Module):
 MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN}
 
 
-#: Config keys that are not model sizes (objective, units and training overrides).
-NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train")
+#: Config keys that are not model sizes (objective, units, training and parallel overrides).
+NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel")
 
 
 def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -87,22 +87,19 @@ def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int) -> Targets:
                    {"units": torch.frombuffer(bytearray(units.model), dtype=torch.uint8)})
 
 
-def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
-                 gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
-                 log=print) -> dict[str, Any]:
-    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above."""
+def training_data(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path,
+                  feats_dir: str | Path, gmm_dir: str | Path | None
+                  ) -> tuple[Targets, FeatureDataset, FeatureDataset, dict[str, str]]:
+    """Targets, training and held-out sets of network ``system``, and the utterances left out (with why)."""
     model = config["nnet"]["models"][system]
-    objective = model["objective"]
-    data_dir, out = Path(data_dir), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if objective == "hybrid":
+    data_dir = Path(data_dir)
+    if model["objective"] == "hybrid":
         if gmm_dir is None or not (Path(gmm_dir) / "ali" / "pdfs.txt").is_file():
             raise NnetError(f"hybrid network {system!r} needs the GMM alignments: --gmm must be a GMM system "
                             f"folder with ali/pdfs.txt (got {gmm_dir})")
         targets = hybrid_targets(Path(gmm_dir))
     else:
         targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"])
-    opts = train_options(config, system)
     utts = sorted(read_table(data_dir / train_split / "text"))
     valid_utts = held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
     subsampling = model.get("subsampling", 1)
@@ -111,7 +108,19 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
         return FeatureDataset(data_dir, feats_dir, train_split, targets.labels, targets.frame_level, keep, subsampling)
 
     train_set, valid_set = dataset(set(utts) - valid_utts), dataset(valid_utts)
-    rejected = {**train_set.rejected, **valid_set.rejected}
+    return targets, train_set, valid_set, {**train_set.rejected, **valid_set.rejected}
+
+
+def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
+                 gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
+                 log=print) -> dict[str, Any]:
+    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above."""
+    model = config["nnet"]["models"][system]
+    objective = model["objective"]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir)
+    opts = train_options(config, system)
     log(f"{system} ({model['type']}, {objective}): {len(train_set)} training and {len(valid_set)} held-out "
         f"utterances, {targets.num_classes} classes; {len(rejected)} left out")
     if not len(train_set) or not len(valid_set):

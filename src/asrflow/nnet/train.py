@@ -223,7 +223,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     valid_part = valid_set.part(rank, world)
     start = time.perf_counter()
     totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0, "bytes": 0.0,
-              "steps": 0}
+              "steps": 0, "held_out": 0.0}
     while state["epoch"] < opts.epochs and state["bad_epochs"] < opts.patience:
         sampler.set_epoch(state["epoch"])
         batches = sampler.epoch_batches()
@@ -265,6 +265,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
             if state["step"] % opts.checkpoint_every == 0:
                 save()
         strategy.synchronise()
+        held_out_start = time.perf_counter()
         valid_loss, valid_acc = _held_out(model, valid_part, opts, objective, device, world)
         log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
             + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
@@ -285,6 +286,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         state["epoch"] += 1
         state["batch"] = 0
         save()
+        totals["held_out"] += time.perf_counter() - held_out_start
     strategy.close()
     if rank == 0:
         best_path = state_path / "best.pt"
@@ -296,6 +298,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
             "best_valid_frame_accuracy": state.get("best_accuracy"),
             "parameters": parameter_count(model), "seconds": seconds, "world_size": world,
+            "train_seconds": seconds - totals["held_out"],  # without the held-out evaluations and epoch checkpoints
             "strategy": parallel.strategy if world > 1 else "single", "device": str(device),
             "frames_per_second": totals["frames"] * world / busy, "data_wait_fraction": totals["data"] / busy,
             **{f"mean_t_{key}": totals[key] / steps for key in ("data", "calc", "transmit", "merge", "wait")},

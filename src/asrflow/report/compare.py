@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from asrflow.tracking.query import RunRecord
 
 GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians"))}
+PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
               "subsampling", "units", "vocab_size")
 
@@ -30,6 +31,8 @@ class SystemRow:
     train_seconds: float | None = None
     parameters: float | None = None
     frames_per_second: float | None = None  # training throughput (networks)
+    frame_accuracy: float | None = None  # best held-out frame accuracy (hybrid networks)
+    step_times: dict[str, float] = field(default_factory=dict)  # mean t_calc, t_transmit, t_merge, bytes (learners > 1)
     run_id: str | None = None  # the training run (for its curves)
 
     @property
@@ -48,7 +51,23 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     sizes = [f"{k}={params[prefix + k]}" for k in NNET_SIZES if prefix + k in params
              and not (objective == "hybrid" and k in ("units", "vocab_size"))
              and not (k == "vocab_size" and params.get(prefix + "units") == "char")]
-    return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes)}
+    return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes),
+            "parallel": _parallel(params)}
+
+
+def _parallel(params: dict[str, str]) -> str:
+    """``strategy ×learners[, compression]`` from a training run's effective parallel params."""
+    prefix = "nnet.parallel.effective."
+    learners = params.get(prefix + "learners")
+    if learners is None or learners == "1":
+        return "single"
+    text = f"{params.get(prefix + 'strategy', '?')} ×{learners}"
+    if params.get(prefix + "strategy") == "kavg":
+        text += f" (k={params.get(prefix + 'k', '?')})"
+    if params.get(prefix + "strategy") == "hierarchical":
+        text += f" (groups of {params.get(prefix + 'group_size', '?')})"
+    compression = params.get(prefix + "compression", "none")
+    return text + (f", {compression}" if compression != "none" else "")
 
 
 def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[str]) -> list[SystemRow]:
@@ -65,6 +84,10 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
             row.parameters = training.metrics.get("parameters")
             row.frames_per_second = training.metrics.get("mean_frames_per_second")
             row.run_id = training.run_id
+            row.frame_accuracy = training.metrics.get("best_valid_frame_accuracy")
+            if training.params.get("nnet.parallel.effective.learners", "1") != "1":
+                row.step_times = {k: training.metrics[f"mean_{k}"] for k in PARALLEL_TIMES
+                                  if f"mean_{k}" in training.metrics}
         for test in tests:
             score = latest.get(f"score-{system}-{test}")
             if score is None:
@@ -79,12 +102,16 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
 
 def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list[str]]]:
     """Header and body of the comparison (numbers formatted; WER/SER in %)."""
-    settings = ["model", "objective", "sizes"]
+    settings = ["model", "objective", "sizes"] + (["parallel"] if any(r.settings.get("parallel") for r in rows) else [])
+    accuracy = any(r.frame_accuracy is not None for r in rows)
+    parallel = [k for k in PARALLEL_TIMES if any(k in r.step_times for r in rows)]
     loso = [t for t in tests if t.startswith("loso_")]
     header = ["system", *settings, *[f"WER {t}" for t in tests]]
     if len(loso) > 1:
         header.append("WER LOSO mean")
     header += [f"SER {t}" for t in tests] + ["train s", "train frames/s", "decode RTF", "parameters"]
+    header += (["held-out frame acc %"] if accuracy else []) + [
+        "bytes/step" if k == "bytes_per_step" else f"{k.replace('t_', 'T_')} ms" for k in parallel]
     body = []
     for r in rows:
         line = [r.system, *[r.settings.get(k, "") for k in settings]]
@@ -97,6 +124,10 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
         line.append(f"{r.frames_per_second:,.0f}" if r.frames_per_second is not None else "")
         line.append(f"{sum(r.rtf) / len(r.rtf):.4f}" if r.rtf else "")
         line.append(f"{int(r.parameters):,}" if r.parameters is not None else "")
+        if accuracy:
+            line.append(f"{100 * r.frame_accuracy:.2f}" if r.frame_accuracy is not None else "")
+        line += [("" if k not in r.step_times else f"{r.step_times[k]:,.0f}" if k == "bytes_per_step"
+                  else f"{1000 * r.step_times[k]:.2f}") for k in parallel]
         body.append(line)
     return header, body
 

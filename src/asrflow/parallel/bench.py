@@ -1,0 +1,133 @@
+"""``asrflow bench parallel``: real speedup of each strategy on this machine, beside the timing model.
+
+Every strategy trains the same network on the same data (the whole training split, the
+same number of epochs) with 1 and more learner processes under ``torchrun`` on loopback
+gloo; the single-learner run is the baseline. The speedup is measured on training time
+(held-out evaluations excluded) and printed beside the timing model's prediction from the
+times the learners measured (:mod:`asrflow.parallel.timing`). Run as a module it is the
+learner program that ``torchrun`` starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from asrflow.parallel.timing import StepTimes, predict_speedup
+
+ROW_KEYS = ("strategy", "learners", "compression", "measured_speedup", "predicted_speedup", "t_calc", "t_transmit",
+            "t_merge", "bytes_per_step")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_learners(config_files: list[str], system: str, paths: dict[str, str], parallel: dict[str, Any],
+                 epochs: int, threads: int, timeout: float = 3600) -> dict[str, Any]:
+    """Train ``system`` with ``parallel['learners']`` processes; learner 0's training summary."""
+    with tempfile.TemporaryDirectory(prefix="asrflow-bench-") as tmp:
+        summary = Path(tmp) / "summary.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(parallel["learners"]),
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "asrflow.parallel.bench",
+               "--config", *config_files, "--system", system, "--parallel", json.dumps(parallel),
+               "--epochs", str(epochs), "--threads", str(threads), "--summary", str(summary), "--state", tmp,
+               *[f"--{k}={v}" for k, v in paths.items() if v]]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise RuntimeError(f"bench run {parallel} failed (exit {proc.returncode}):\n{tail}")
+        return json.loads(summary.read_text())
+
+
+def bench_row(strategy: str, summary: dict[str, Any], baseline: dict[str, Any], parallel: dict[str, Any]) -> dict:
+    """One JSON line: measured and predicted speedup with the step times behind the prediction."""
+    times = StepTimes(calc=summary["mean_t_calc"] + summary["mean_t_data"], transmit=summary["mean_t_transmit"],
+                      merge=summary["mean_t_merge"], wait=summary["mean_t_wait"])
+    learners = summary["world_size"]
+    return {"strategy": strategy, "learners": learners, "compression": parallel.get("compression", "none"),
+            "measured_speedup": baseline["train_seconds"] / summary["train_seconds"],
+            "predicted_speedup": predict_speedup(strategy, learners, times, parallel.get("k", 4),
+                                                 parallel.get("group_size", 2)),
+            "t_calc": times.calc, "t_transmit": times.transmit, "t_merge": times.merge, "t_wait": times.wait,
+            "bytes_per_step": summary["mean_bytes_per_step"], "train_seconds": summary["train_seconds"],
+            "valid_frame_accuracy": summary.get("best_valid_frame_accuracy"),
+            "baseline_t_calc": baseline["mean_t_calc"] + baseline["mean_t_data"]}
+
+
+def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], variants: list[dict[str, Any]],
+                   learners: list[int], epochs: int, threads: int = 1,
+                   log: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The single-learner baseline summary and one row per (variant, learner count > 1)."""
+    baseline = run_learners(config_files, system, paths, {"strategy": "allreduce", "learners": 1}, epochs, threads)
+    log(f"1 learner: {baseline['train_seconds']:.1f} s, held-out frame accuracy "
+        f"{baseline.get('best_valid_frame_accuracy')}")
+    rows = []
+    for variant in variants:
+        for n in learners:
+            if n == 1:
+                continue
+            parallel = {**variant, "learners": n}
+            row = bench_row(variant["strategy"], run_learners(config_files, system, paths, parallel, epochs, threads),
+                            baseline, parallel)
+            log(json.dumps({k: row[k] for k in ROW_KEYS}))
+            rows.append(row)
+    return baseline, rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Human-readable table of bench rows."""
+    lines = [f"{'strategy':<13}{'compr':>6}{'n':>3}{'measured':>10}{'predicted':>10}{'T_calc ms':>10}"
+             f"{'T_trans ms':>11}{'T_merge ms':>11}{'T_wait ms':>10}{'bytes/step':>12}{'frame acc':>10}"]
+    for r in rows:
+        acc = r.get("valid_frame_accuracy")
+        lines.append(f"{r['strategy']:<13}{r['compression']:>6}{r['learners']:>3}{r['measured_speedup']:>10.2f}"
+                     f"{r['predicted_speedup']:>10.2f}{r['t_calc'] * 1e3:>10.1f}{r['t_transmit'] * 1e3:>11.2f}"
+                     f"{r['t_merge'] * 1e3:>11.2f}{r['t_wait'] * 1e3:>10.2f}{r['bytes_per_step']:>12.0f}"
+                     f"{(acc if acc is not None else float('nan')):>10.4f}")
+    return "\n".join(lines)
+
+
+def _worker(argv: list[str] | None = None) -> None:
+    """The learner program: train with the given strategy, learner 0 writes the summary."""
+    import torch
+
+    from asrflow.config import load_config
+    from asrflow.nnet.stage import train_options, training_data
+    from asrflow.nnet.train import train
+    from asrflow.parallel.base import ParallelOptions
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", nargs="+", required=True)
+    for name in ("system", "parallel", "summary", "state", "train", "data", "features"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--gmm")
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = load_config(*args.config)
+    targets, train_set, valid_set, _ = training_data(config, args.system, args.train, args.data, args.features,
+                                                     args.gmm)
+    opts = train_options(config, args.system)
+    opts.epochs, opts.patience, opts.checkpoint_every = args.epochs, args.epochs + 1, 10 ** 9
+    model = config["nnet"]["models"][args.system]
+    summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
+                    log=lambda m: None, objective=model["objective"], extra=targets.extra,
+                    state_dir=Path(args.state) / "state", parallel=ParallelOptions(**json.loads(args.parallel)))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(args.summary).write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    _worker()
