@@ -7,6 +7,7 @@ from asrflow.workflow import (
     nnet_decode_inputs,
     nnet_inputs,
     optional_args,
+    parallel_study_targets,
     parallel_settings,
     compare_targets,
     pipeline_finished,
@@ -15,6 +16,7 @@ from asrflow.workflow import (
     score_targets,
     setup_workflow,
     stage_fingerprint,
+    study_args,
     system_pattern,
     tests_of,
     train_split,
@@ -48,6 +50,7 @@ rule all:
         expand(f"{RESULTS}/features/{{kind}}", kind=config["features"]["kinds"]),
         score_targets(config),
         compare_targets(config),
+        parallel_study_targets(config),
     default_target: True
 
 

@@ -368,6 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_bench_gmm)
+
+    from asrflow.parallel.cli import register
+
+    register(sub, bench, with_config)
     return parser
 
 

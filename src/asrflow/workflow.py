@@ -104,6 +104,30 @@ def compare_targets(config: dict[str, Any]) -> list[str]:
                                                   "training_curves.png")]
 
 
+PARALLEL_STUDY_FILES = ("bench.jsonl", "summary.md", "speedup.png", "accuracy.png", "bytes.png")
+
+
+def parallel_study_targets(config: dict[str, Any]) -> list[str]:
+    """``results/<exp>/parallel/...`` when ``nnet.parallel_study.enabled``."""
+    if not config["nnet"]["parallel_study"]["enabled"]:
+        return []
+    return [f"{results_dir(config)}/parallel/{name}" for name in PARALLEL_STUDY_FILES]
+
+
+def study_args(config: dict[str, Any]) -> str:
+    """``asrflow bench parallel`` options from ``nnet.parallel_study``."""
+    study = config["nnet"]["parallel_study"]
+
+    def join(values: list) -> str:
+        return ",".join(str(v) for v in values)
+
+    return (f"--system {study['system']} --train train --strategies {join(study['strategies'])}"
+            f" --compressions {join(study['compressions'])} --learners {join(study['learners'])}"
+            f" --epochs {study['epochs']} --simulate-learners {join(study['simulate_learners'])}"
+            f" --nodes {study['nodes']} --bandwidth {study['bandwidth']} --latency {study['latency']}"
+            f" --emulate-learners {join(study['emulate_learners'])} --emulate-epochs {study['emulate_epochs']}")
+
+
 def results_dir(config: dict[str, Any]) -> str:
     """``<results_dir>/<experiment>`` (relative to the Snakemake working directory)."""
     return f"{config['results_dir']}/{config['experiment']}"

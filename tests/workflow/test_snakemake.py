@@ -92,6 +92,9 @@ def test_mlflow_runs(yesno_run: Path) -> None:
             assert runs[stage].info.status == "FINISHED"
     for stage in ("data", "features-mfcc", "features-fbank"):
         assert runs[stage].data.metrics["utterances"] == 60
+    dnn = runs["nnet-dnn-train"].data  # trained by two learner processes passing the model round a ring
+    assert dnn.tags["asrflow.strategy"] == "ring" and dnn.params["nnet.parallel.effective.learners"] == "2"
+    assert dnn.metrics["mean_bytes_per_step"] > 0 and dnn.metrics["mean_t_calc"] > 0
 
 
 def test_nothing_to_redo(yesno_run: Path) -> None:

@@ -164,6 +164,19 @@ def _check_systems(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system (mono, tri) nor "
                               f"a network in nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                               + f"; networks defined: {', '.join(models) or 'none'}")
+    study = config["nnet"]["parallel_study"]
+    if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"):
+        hint = difflib.get_close_matches(study["system"], list(models), n=1)
+        raise ConfigError(f"config key 'nnet.parallel_study.system': {study['system']!r} is not a hybrid network in "
+                          f"nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                          + f"; networks defined: {', '.join(models) or 'none'}")
+    for name, model in models.items():
+        learners, group = (model.get("parallel", {}).get(key, config["nnet"]["parallel"][key])
+                           for key in ("learners", "group_size"))
+        strategy = model.get("parallel", {}).get("strategy", config["nnet"]["parallel"]["strategy"])
+        if strategy == "hierarchical" and learners % group:
+            raise ConfigError(f"config key 'nnet.models.{name}.parallel': {learners} learners do not split into "
+                              f"hierarchical groups of group_size {group}")
     if models and config["nnet"]["features"] not in config["features"]["kinds"]:
         raise ConfigError(f"config key 'nnet.features': {config['nnet']['features']!r} is not extracted; "
                           f"add it to features.kinds ({', '.join(config['features']['kinds'])})")

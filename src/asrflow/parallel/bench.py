@@ -33,8 +33,8 @@ def _free_port() -> int:
 
 
 def run_learners(config_files: list[str], system: str, paths: dict[str, str], parallel: dict[str, Any],
-                 epochs: int, threads: int, timeout: float = 3600) -> dict[str, Any]:
-    """Train ``system`` with ``parallel['learners']`` processes; learner 0's training summary."""
+                 epochs: int, threads: int, timeout: float = 3600) -> list[dict[str, Any]]:
+    """Train ``system`` with ``parallel['learners']`` processes; every learner's training summary."""
     with tempfile.TemporaryDirectory(prefix="asrflow-bench-") as tmp:
         summary = Path(tmp) / "summary.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(parallel["learners"]),
@@ -47,20 +47,30 @@ def run_learners(config_files: list[str], system: str, paths: dict[str, str], pa
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr)[-3000:]
             raise RuntimeError(f"bench run {parallel} failed (exit {proc.returncode}):\n{tail}")
-        return json.loads(summary.read_text())
+        return [json.loads(path.read_text()) for path in sorted(Path(tmp).glob("summary.json.*"))]
 
 
-def bench_row(strategy: str, summary: dict[str, Any], baseline: dict[str, Any], parallel: dict[str, Any]) -> dict:
-    """One JSON line: measured and predicted speedup with the step times behind the prediction."""
-    times = StepTimes(calc=summary["mean_t_calc"] + summary["mean_t_data"], transmit=summary["mean_t_transmit"],
-                      merge=summary["mean_t_merge"], wait=summary["mean_t_wait"])
-    learners = summary["world_size"]
+def _mean(summaries: list[dict[str, Any]], key: str) -> float:
+    return sum(s[key] for s in summaries) / len(summaries)
+
+
+def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str, Any], parallel: dict[str, Any]) -> dict:
+    """One JSON line: measured and predicted speedup with the step times (means over learners) behind it.
+
+    The job takes as long as its slowest learner; bytes are the mean a learner sends per step.
+    """
+    times = StepTimes(calc=_mean(summaries, "mean_t_calc") + _mean(summaries, "mean_t_data"),
+                      transmit=_mean(summaries, "mean_t_transmit"), merge=_mean(summaries, "mean_t_merge"),
+                      wait=_mean(summaries, "mean_t_wait"))
+    summary, learners = summaries[0], len(summaries)
+    seconds = max(s["train_seconds"] for s in summaries)
     return {"strategy": strategy, "learners": learners, "compression": parallel.get("compression", "none"),
-            "measured_speedup": baseline["train_seconds"] / summary["train_seconds"],
+            "k": parallel.get("k", 4), "group_size": parallel.get("group_size", 2),
+            "measured_speedup": baseline["train_seconds"] / seconds,
             "predicted_speedup": predict_speedup(strategy, learners, times, parallel.get("k", 4),
                                                  parallel.get("group_size", 2)),
             "t_calc": times.calc, "t_transmit": times.transmit, "t_merge": times.merge, "t_wait": times.wait,
-            "bytes_per_step": summary["mean_bytes_per_step"], "train_seconds": summary["train_seconds"],
+            "bytes_per_step": _mean(summaries, "mean_bytes_per_step"), "train_seconds": seconds,
             "valid_frame_accuracy": summary.get("best_valid_frame_accuracy"),
             "baseline_t_calc": baseline["mean_t_calc"] + baseline["mean_t_data"]}
 
@@ -69,12 +79,12 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
                    learners: list[int], epochs: int, threads: int = 1,
                    log: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The single-learner baseline summary and one row per (variant, learner count > 1)."""
-    baseline = run_learners(config_files, system, paths, {"strategy": "allreduce", "learners": 1}, epochs, threads)
+    baseline = run_learners(config_files, system, paths, {"strategy": "allreduce", "learners": 1}, epochs, threads)[0]
     log(f"1 learner: {baseline['train_seconds']:.1f} s, held-out frame accuracy "
         f"{baseline.get('best_valid_frame_accuracy')}")
     rows = []
     for variant in variants:
-        for n in learners:
+        for n in [variant["learners"]] if "learners" in variant else learners:
             if n == 1:
                 continue
             parallel = {**variant, "learners": n}
@@ -125,8 +135,7 @@ def _worker(argv: list[str] | None = None) -> None:
     summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
                     log=lambda m: None, objective=model["objective"], extra=targets.extra,
                     state_dir=Path(args.state) / "state", parallel=ParallelOptions(**json.loads(args.parallel)))
-    if int(os.environ.get("RANK", "0")) == 0:
-        Path(args.summary).write_text(json.dumps(summary))
+    Path(f"{args.summary}.{os.environ.get('RANK', '0')}").write_text(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -50,33 +50,37 @@ def n_max(times: StepTimes) -> float:
 def predict_speedup(strategy: str, learners: int, times: StepTimes, k: int = 1, group_size: int = 1) -> float:
     """Predicted speedup of ``learners`` over one learner processing the same data.
 
-    ``times`` are one learner's per-step times measured with ``learners`` learners (calc
-    and data from a single learner are assumed unchanged). Steps are per learner, each on
-    its own batch, so one learner needs ``learners`` times as many steps.
+    ``times`` are a learner's mean per-step times measured with ``learners`` learners; ``calc``
+    should include reading the batch (it is local work that parallelises). One learner's step
+    takes ``C + M`` (compute, then apply the gradient); with ``n`` learners each does ``1/n``
+    of the steps:
 
-    - ``ring`` and ``adpsgd`` overlap the exchange with computation: ``min(n, n_max)``.
-    - ``allreduce`` blocks on the wire every step: ``n * (C) / (C + T_transmit + T_merge)``
-      with ``C = T_calc + T_data``.
-    - ``kavg`` pays the exchange once every ``k`` steps.
-    - ``hierarchical``: all-reduce within groups of ``group_size``, overlapped exchange across.
-    - ``asgd``: the server applies one gradient at a time, so it saturates at
-      ``(C + T_transmit + T_merge) / (T_transmit + T_merge)`` learners.
+    - ``ring``: ``min(n, n_max)``, the RSPS model (transmission overlaps computation, the
+      circulating model saturates the ring at ``n_max``);
+    - ``adpsgd``: the pairwise exchange overlaps computation: ``n (C + M) / (max(C, T) + M)``;
+    - ``allreduce``, ``kavg``, ``hierarchical``: the blocking part of the exchange (per-step
+      mean, so kavg's ``1/k`` and hierarchical's in-group all-reduce are already in ``T``):
+      ``n (C + M) / (C + T + M)``;
+    - ``asgd``: as the blocking form, but the server takes one gradient and returns one model
+      at a time, capping it at ``(C + M) / (2 T + M)``.
+
+    ``k`` and ``group_size`` are accepted for the callers' convenience; the measured times
+    already reflect them.
     """
     n = learners
     if n <= 1:
         return 1.0
-    local = times.calc + times.data
-    if strategy in ("ring", "adpsgd"):
-        return min(float(n), n_max(StepTimes(calc=local, transmit=times.transmit, merge=times.merge)))
-    if strategy == "allreduce":
-        return n * local / (local + times.transmit + times.merge)
-    if strategy == "kavg":
-        return n * local / (local + (times.transmit + times.merge) / max(k, 1))
-    if strategy == "hierarchical":
-        return n * local / (local + times.merge)  # times.merge holds the in-group all-reduce; the ring part overlaps
+    step = times.calc + times.merge
+    if strategy == "ring":
+        return min(float(n), n_max(times))
+    if strategy == "adpsgd":
+        return n * step / (max(times.calc, times.transmit) + times.merge)
+    blocking = n * step / (step + times.transmit)
+    if strategy in ("allreduce", "kavg", "hierarchical"):
+        return blocking
     if strategy == "asgd":
-        server = times.transmit + times.merge
-        return min(float(n), (local + server) / server if server > 0 else float(n))
+        server = 2 * times.transmit + times.merge
+        return min(blocking, step / server if server > 0 else float(n))
     raise ValueError(f"unknown strategy {strategy!r}")
 
 

@@ -1,0 +1,80 @@
+"""The timing model, the bench rows and the study's tables and figures (no processes started)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asrflow.cli import main
+from asrflow.parallel.bench import bench_row, table
+from asrflow.parallel.study import predicted_rows, simulated_rows, summary_markdown, write_figures
+from asrflow.parallel.timing import StepTimes, n_max, predict_speedup
+
+
+def test_rsps_model_scales_linearly_then_saturates_at_n_max() -> None:
+    times = StepTimes(calc=0.1, transmit=0.02, merge=0.005)
+    assert n_max(times) == pytest.approx(0.105 / 0.025)
+    assert predict_speedup("ring", 2, times) == 2.0
+    assert predict_speedup("ring", 4, times) == 4.0
+    assert predict_speedup("ring", 64, times) == pytest.approx(4.2)
+    assert predict_speedup("ring", 1, times) == 1.0
+
+
+def test_blocking_exchanges_pay_the_wire_every_step_and_asgd_saturates_at_the_server() -> None:
+    times = StepTimes(calc=0.1, transmit=0.02, merge=0.005)
+    assert predict_speedup("allreduce", 2, times) == pytest.approx(2 * 0.105 / 0.125)
+    assert predict_speedup("kavg", 2, StepTimes(calc=0.1, transmit=0.005, merge=0.005)) > \
+        predict_speedup("allreduce", 2, times)
+    assert predict_speedup("adpsgd", 8, times) == pytest.approx(8.0)  # the exchange hides behind the computation
+    assert predict_speedup("asgd", 64, times) == pytest.approx(0.105 / 0.045)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        predict_speedup("gossip", 2, times)
+
+
+def test_step_times_round_trip_through_their_dict() -> None:
+    times = StepTimes(calc=1, transmit=2, merge=3, wait=4, data=5, bytes=6)
+    assert StepTimes.from_dict(times.as_dict()) == times
+    assert set(times.as_dict()) >= {"t_calc", "t_transmit", "t_merge", "bytes_per_step"}
+
+
+def _summary(seconds: float, calc: float, transmit: float, merge: float, nbytes: float) -> dict:
+    return {"train_seconds": seconds, "mean_t_calc": calc, "mean_t_data": 0.0, "mean_t_transmit": transmit,
+            "mean_t_merge": merge, "mean_t_wait": 0.0, "mean_bytes_per_step": nbytes,
+            "best_valid_frame_accuracy": 0.7}
+
+
+def test_bench_rows_measure_against_the_slowest_learner() -> None:
+    baseline = _summary(100.0, 0.2, 0.0, 0.005, 0.0)
+    row = bench_row("ring", [_summary(52.0, 0.2, 0.001, 0.006, 2e6), _summary(50.0, 0.2, 0.001, 0.006, 2e6)],
+                    baseline, {"strategy": "ring", "learners": 2})
+    assert row["learners"] == 2 and row["measured_speedup"] == pytest.approx(100 / 52)
+    assert row["predicted_speedup"] == 2.0 and row["bytes_per_step"] == 2e6
+    assert "ring" in table([row]) and "1.92" in table([row])
+
+
+def test_study_tables_and_figures(tmp_path) -> None:
+    baseline = _summary(100.0, 0.2, 0.0, 0.005, 0.0)
+    bench = [bench_row(s, [_summary(55.0, 0.2, t, 0.006, b)] * 2, baseline, {"strategy": s, "compression": c})
+             for s, t, b, c in (("ring", 0.001, 2e6, "none"), ("allreduce", 0.03, 2e6, "none"),
+                                ("ring", 0.001, 6e4, "1bit"))]
+    predicted = predicted_rows(bench, [1, 2, 4])
+    assert {(r["strategy"], r["learners"]) for r in predicted} == {(s, n) for s in ("ring", "allreduce")
+                                                                   for n in (1, 2, 4)}
+    from asrflow.parallel.simulate import Network
+
+    simulated = simulated_rows(bench, [1, 2, 4, 8], Network(), group_size=4, steps=20)
+    assert any(r["group_size"] == 4 for r in simulated) and all(r["model_bytes"] == 2e6 for r in simulated)
+    emulated = [{"strategy": "ring", "learners": n, "compression": "none", "valid_frame_accuracy": 0.7 - 0.01 * n}
+                for n in (1, 2)]
+    for path in write_figures(tmp_path, bench, predicted, simulated, emulated, 0.7):
+        assert path.stat().st_size > 1000
+    text = summary_markdown(bench, baseline, simulated, emulated)
+    assert "Simulated speedup" in text and "| ring | none | 69.00 | 68.00 |" in text
+
+
+def test_predict_command_prints_the_curve(capsys) -> None:
+    assert main(["parallel", "predict", "--t-calc", "0.1", "--t-transmit", "0.02", "--t-merge", "0.005",
+                 "--strategy", "ring", "--learners", "1,2,8"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["predicted_speedup"] for r in lines] == [1.0, 2.0, pytest.approx(4.2)]
