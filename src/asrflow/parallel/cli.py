@@ -136,8 +136,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         emulated = emulated_rows(load_config(*args.config), args.system, args.train, args.data, args.features,
                                  args.gmm, args.strategies.split(","), _ints(args.emulate_learners),
-                                 args.emulate_epochs, ["none", *[c for c in args.compressions.split(",")
-                                                                 if c != "none"]], log=_log)
+                                 args.emulate_epochs, ["none"], log=_log)
         write_rows(emulated, out / "emulate.jsonl")
     write_rows(simulated, out / "simulate.jsonl")
     write_figures(out, rows, predicted_rows(rows, _ints(args.simulate_learners)), simulated, emulated,
