@@ -78,3 +78,13 @@ def test_predict_command_prints_the_curve(capsys) -> None:
                  "--strategy", "ring", "--learners", "1,2,8"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["predicted_speedup"] for r in lines] == [1.0, 2.0, pytest.approx(4.2)]
+
+
+def test_a_global_batch_is_split_over_the_learners_and_sequential_updates_scale_the_rate() -> None:
+    from asrflow.parallel.base import ParallelOptions
+
+    assert ParallelOptions(strategy="allreduce").learner_frames(4000, 2) == 2000
+    assert ParallelOptions(strategy="ring").learner_frames(4000, 1) == 4000
+    assert ParallelOptions(strategy="kavg", batch="learner").learner_frames(4000, 4) == 4000
+    assert ParallelOptions(strategy="ring").lr_factor(4) == 0.5 and ParallelOptions(strategy="asgd").lr_factor(1) == 1
+    assert ParallelOptions(strategy="adpsgd").lr_factor(4) == 1.0

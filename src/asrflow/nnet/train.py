@@ -187,11 +187,13 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     input_dim = train_set[0][1].shape[1]
     model = build_model(model_config, input_dim, num_classes).to(device)
     torch.manual_seed(opts.seed + 7919 * rank)  # same initial model everywhere; own dropout masks per learner
-    optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr * parallel.lr_factor(world),
+                                  weight_decay=opts.weight_decay)
     schedule = Schedule(opts.schedule, opts.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     strategy = make_strategy(parallel, model, optimiser, scheduler, rank, world, device, opts.clip)
-    sampler = BucketBatchSampler(train_set.lengths, opts.max_frames, opts.seed, rank, world)
+    sampler = BucketBatchSampler(train_set.lengths, parallel.learner_frames(opts.max_frames, world), opts.seed, rank,
+                                 world)
     state = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"), "bad_epochs": 0}
     state_path = Path(state_dir) if state_dir else out
     state_path.mkdir(parents=True, exist_ok=True)
@@ -244,7 +246,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
                 torch.cuda.synchronize(device)
             t2 = time.perf_counter()
             strategy.finish_step()
-            scheduler.step()
+            for _ in range(world):  # the schedule follows the data seen by all learners, not one learner's steps
+                scheduler.step()
             t3 = time.perf_counter()
             times = strategy.times
             times.data, times.calc = t1 - t0, t2 - t1

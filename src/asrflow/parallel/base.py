@@ -15,6 +15,7 @@ a restart needs (e.g. a ring's model in transit).
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from asrflow.parallel import ParallelError
 from asrflow.parallel.timing import StepTimes
 
 STRATEGY_NAMES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
+SEQUENTIAL = ("ring", "asgd")  # each learner's minibatch is one update of the shared model
 
 
 @dataclass
@@ -41,10 +43,34 @@ class ParallelOptions:
     group_size: int = 2  # hierarchical: learners per synchronous group (one node)
     compression: str = "none"  # none | 1bit | 8bit (allreduce, ring, kavg)
     timeout: float = 300.0  # seconds any wait on another learner may take before the job fails
+    batch: str = "global"  # global: max_frames is one update's batch, split over combined learners; learner: each
+
+    def learner_frames(self, max_frames: int, world: int) -> int:
+        """Frames in one learner's minibatch: ``max_frames`` split over the learners (``batch: global``)
+        or ``max_frames`` each (``batch: learner``).
+
+        With ``global`` an epoch holds as many minibatches as with one learner, so every
+        strategy makes about as many updates per epoch as single-learner training: the
+        strategies that combine the learners' gradients or models each step (allreduce, kavg,
+        adpsgd, hierarchical) update with the whole ``max_frames``; ring and asgd make one
+        update per learner minibatch, each ``1/P`` as large (see :meth:`lr_factor`).
+        """
+        if world == 1 or self.batch == "learner":
+            return max_frames
+        return max(1, max_frames // world)
+
+    def lr_factor(self, world: int) -> float:
+        """Learning-rate factor: ``1/sqrt(P)`` when ring or asgd update with ``1/P`` of the batch
+        (Adam's square-root scaling rule for a smaller batch), else 1."""
+        if world > 1 and self.batch == "global" and self.strategy in SEQUENTIAL:
+            return 1.0 / math.sqrt(world)
+        return 1.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
             raise ParallelError(f"unknown parallel strategy {self.strategy!r}; known: {', '.join(STRATEGY_NAMES)}")
+        if self.batch not in ("global", "learner"):
+            raise ParallelError(f"nnet.parallel.batch must be global or learner, not {self.batch!r}")
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

@@ -17,6 +17,7 @@ No mixed precision: the emulation runs in float32 on ``device``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, c
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.nnet.train import Schedule, TrainOptions, evaluate, newbob_update
-from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
+from asrflow.parallel.base import ParallelOptions, flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
 
 STRATEGIES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
@@ -54,8 +55,8 @@ class EmulationResult:
 class _Learner:
     """One model with its own AdamW, learning-rate schedule and gradient clipping."""
 
-    def __init__(self, model: torch.nn.Module, opts: TrainOptions) -> None:
-        self.model, self.clip = model, opts.clip
+    def __init__(self, model: torch.nn.Module, opts: TrainOptions, advance: int = 1) -> None:
+        self.model, self.clip, self.advance = model, opts.clip, advance
         self.optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
         self.schedule = Schedule(opts.schedule, opts.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
@@ -70,7 +71,8 @@ class _Learner:
         if clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimiser.step()
-        self.scheduler.step()
+        for _ in range(self.advance):  # as the trainer: the schedule follows the data all learners saw
+            self.scheduler.step()
 
 
 def _backward(model: torch.nn.Module, batch: dict) -> float:
@@ -140,7 +142,7 @@ class _AllReduce(_Emulator):
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str,
                  device: torch.device) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts)]
+        self.learners = [_Learner(copy.deepcopy(initial), opts, n)]
         numel = sum(p.numel() for p in initial.parameters())
         self.senders = ([ErrorFeedback(make_compressor(compression), numel, device) for _ in range(n)]
                         if compression != "none" and n > 1 else None)
@@ -162,7 +164,7 @@ class _Ring(_Emulator):
     """
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts) for _ in range(n)]
+        self.learners = [_Learner(copy.deepcopy(initial), opts, n) for _ in range(n)]
         self.token = flat_params(initial)  # what the next holder receives
         self.compressor = make_compressor(compression) if compression != "none" and n > 1 else None
         self.references = [self.token.clone() for _ in range(n)]  # of link r → r+1
@@ -199,7 +201,7 @@ class _KAvg(_Emulator):
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, compression: str,
                  device: torch.device) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts) for _ in range(n)]
+        self.learners = [_Learner(copy.deepcopy(initial), opts, n) for _ in range(n)]
         self.k, self.steps, self.since_average = k, 0, 0
         self.reference = flat_params(initial)
         self.senders = ([ErrorFeedback(make_compressor(compression), self.reference.numel(), device)
@@ -241,7 +243,7 @@ class _ADPSGD(_Emulator):
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, group_size: int = 1) -> None:
         self.group_size = group_size
-        self.learners = [_Learner(copy.deepcopy(initial), opts) for _ in range(n // group_size)]
+        self.learners = [_Learner(copy.deepcopy(initial), opts, n) for _ in range(n // group_size)]
         self.rounds = 0  # counted across epochs: the pairing alternates with it
 
     def round(self, batches: list[dict]) -> float:
@@ -332,17 +334,22 @@ def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: TrainOpti
 
 def emulate(strategy: str, learners: int, model_config: dict, train_set: FeatureDataset, valid_set: FeatureDataset,
             num_classes: int, opts: TrainOptions, k: int = 4, group_size: int = 2, compression: str = "none",
-            log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu") -> EmulationResult:
+            log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu",
+            batch: str = "global") -> EmulationResult:
     """Train ``learners`` virtual learners with ``strategy`` for ``opts.epochs`` epochs (no early stopping)
     and return the final model's held-out loss and frame accuracy on ``valid_set``.
 
     ``k``: kavg's local steps between averages; ``group_size``: hierarchical's learners per group
     (must divide ``learners``); ``compression`` (``none``, ``1bit``, ``8bit``) applies to allreduce,
-    ring and kavg only. The held-out set is evaluated after every epoch (logged; the newbob schedule
+    ring and kavg only; ``batch`` splits ``opts.max_frames`` over the learners as the trainer does
+    (:meth:`asrflow.parallel.base.ParallelOptions.learner_frames`). The held-out set is evaluated after every epoch (logged; the newbob schedule
     reacts to it as in training).
     """
     _check(strategy, learners, k, group_size, compression, train_set)
-    samplers = [BucketBatchSampler(train_set.lengths, opts.max_frames, opts.seed, rank, learners)
+    rule = ParallelOptions(strategy=strategy, batch=batch)
+    frames = rule.learner_frames(opts.max_frames, learners)
+    opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))
+    samplers = [BucketBatchSampler(train_set.lengths, frames, opts.seed, rank, learners)
                 for rank in range(learners)]
     if len(samplers[0].batches) < learners:
         raise ValueError(f"{len(samplers[0].batches)} batches of at most {opts.max_frames} frames cannot give "

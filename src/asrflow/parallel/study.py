@@ -78,7 +78,8 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
                     result = single
                 else:
                     result = emulate(strategy, n, model, train_set, valid_set, targets.num_classes, opts,
-                                     k=parallel["k"], group_size=group, compression=compression)
+                                     k=parallel["k"], group_size=group, compression=compression,
+                                     batch=parallel["batch"])
                     single = result if n == 1 else single
                 row = {**result.as_dict(), "strategy": strategy, "compression": compression, "source": "emulated"}
                 log(json.dumps(row))
