@@ -125,7 +125,7 @@ def study_args(config: dict[str, Any]) -> str:
             f" --compressions {join(study['compressions'])} --learners {join(study['learners'])}"
             f" --epochs {study['epochs']} --simulate-learners {join(study['simulate_learners'])}"
             f" --nodes {study['nodes']} --bandwidth {study['bandwidth']} --latency {study['latency']}"
-            f" --emulate-learners {join(study['emulate_learners'])} --emulate-epochs {study['emulate_epochs']}")
+            f" --emulate-learners {join(study['emulate_learners']) or 'none'}")
 
 
 def results_dir(config: dict[str, Any]) -> str:

@@ -131,12 +131,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     (out / "baseline.json").write_text(json.dumps(baseline, indent=1) + "\n")
     simulated = simulated_rows(rows, _ints(args.simulate_learners), _network(args), args.nodes) if args.study else []
     emulated = read_rows(out / "emulate.jsonl")
-    if args.study and args.emulate_epochs:
+    if args.study and args.emulate_learners != "none":
         from asrflow.config import load_config
 
         emulated = emulated_rows(load_config(*args.config), args.system, args.train, args.data, args.features,
-                                 args.gmm, args.strategies.split(","), _ints(args.emulate_learners),
-                                 args.emulate_epochs, ["none"], log=_log)
+                                 args.gmm, args.strategies.split(","), _ints(args.emulate_learners), args.epochs,
+                                 ["none"], log=_log)
         write_rows(emulated, out / "emulate.jsonl")
     write_rows(simulated, out / "simulate.jsonl")
     write_figures(out, rows, predicted_rows(rows, _ints(args.simulate_learners)), simulated, emulated,
@@ -202,12 +202,12 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--compressions", default="none,1bit", help="also bench allreduce/ring/kavg with these")
     p.add_argument("--learners", default="1,2", help="learner processes (1 is the baseline)")
     p.add_argument("--group-size", type=int, default=1, help="hierarchical: learners per group in the bench")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", help="folder for bench.jsonl (and the study's files)")
     p.add_argument("--study", action="store_true", help="also simulate and emulate, and draw the figures")
     p.add_argument("--simulate-learners", default="1,2,4,8,16,32,64")
     p.add_argument("--nodes", type=int, default=8, help="learners per node in the simulated hierarchical layout")
-    p.add_argument("--emulate-learners", default="1,2,4,8")
-    p.add_argument("--emulate-epochs", type=int, default=3, help="0: no emulation")
+    p.add_argument("--emulate-learners", default="1,2,4,8", help="virtual learner counts (as many epochs as the "
+                   "bench); none: no emulation")
     _network_args(p)
     p.set_defaults(func=cmd_bench)

@@ -44,7 +44,7 @@ def simulated_rows(bench: list[dict[str, Any]], learners: list[int], network: An
     for row in bench:
         if row["compression"] != "none":
             continue
-        layouts = [1] + ([group_size] if row["strategy"] in ("hierarchical", "allreduce", "ring") else [])
+        layouts = [1] + ([group_size] if row["strategy"] == "hierarchical" else [])
         for nodes in layouts:
             counts = [n for n in learners if nodes == 1 or n % nodes == 0]
             for result in project(row["strategy"], counts, row["t_calc"], row["t_merge"], model_bytes, network,
@@ -103,7 +103,7 @@ def write_figures(out: Path, bench: list[dict], predicted: list[dict], simulated
     """speedup.png, accuracy.png and bytes.png in ``out``."""
     from asrflow.parallel.plots import plot_accuracy, plot_bytes, plot_speedup
 
-    measured = [r for r in bench if r["compression"] == "none"]
+    measured = [{k: v for k, v in r.items() if k != "group_size"} for r in bench if r["compression"] == "none"]
     accuracy = [{**r, "source": "emulated", "strategy": r["strategy"] + ("" if r["compression"] == "none"
                                                                          else f" {r['compression']}")}
                 for r in emulated]
