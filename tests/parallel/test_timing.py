@@ -57,14 +57,15 @@ def test_study_tables_and_figures(tmp_path) -> None:
     baseline = _summary(100.0, 0.2, 0.0, 0.005, 0.0)
     bench = [bench_row(s, [_summary(55.0, 0.2, t, 0.006, b)] * 2, baseline, {"strategy": s, "compression": c})
              for s, t, b, c in (("ring", 0.001, 2e6, "none"), ("allreduce", 0.03, 2e6, "none"),
-                                ("ring", 0.001, 6e4, "1bit"))]
+                                ("hierarchical", 0.0, 2e6, "none"), ("ring", 0.001, 6e4, "1bit"))]
     predicted = predicted_rows(bench, [1, 2, 4])
-    assert {(r["strategy"], r["learners"]) for r in predicted} == {(s, n) for s in ("ring", "allreduce")
+    assert {(r["strategy"], r["learners"]) for r in predicted} == {(s, n) for s in ("ring", "allreduce", "hierarchical")
                                                                    for n in (1, 2, 4)}
     from asrflow.parallel.simulate import Network
 
     simulated = simulated_rows(bench, [1, 2, 4, 8], Network(), group_size=4, steps=20)
-    assert any(r["group_size"] == 4 for r in simulated) and all(r["model_bytes"] == 2e6 for r in simulated)
+    nodes = {r["strategy"] for r in simulated if r["group_size"] == 4}  # the in-node layout: hierarchical only
+    assert nodes == {"hierarchical"} and all(r["model_bytes"] == 2e6 for r in simulated)
     emulated = [{"strategy": "ring", "learners": n, "compression": "none", "valid_frame_accuracy": 0.7 - 0.01 * n}
                 for n in (1, 2)]
     for path in write_figures(tmp_path, bench, predicted, simulated, emulated, 0.7):
