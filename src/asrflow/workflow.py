@@ -123,7 +123,7 @@ def study_args(config: dict[str, Any]) -> str:
 
     return (f"--system {study['system']} --train train --strategies {join(study['strategies'])}"
             f" --compressions {join(study['compressions'])} --learners {join(study['learners'])}"
-            f" --epochs {study['epochs']} --simulate-learners {join(study['simulate_learners'])}"
+            f" --epochs {study['epochs']} --repeats {study['repeats']} --simulate-learners {join(study['simulate_learners'])}"
             f" --nodes {study['nodes']} --bandwidth {study['bandwidth']} --latency {study['latency']}"
             f" --emulate-learners {join(study['emulate_learners']) or 'none'}")
 

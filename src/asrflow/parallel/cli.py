@@ -120,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     variants += [{"strategy": s, "compression": c} for c in args.compressions.split(",") if c != "none"
                  for s in ("allreduce", "ring", "kavg") if s in args.strategies.split(",")]
     baseline, rows = bench_parallel(args.config, args.system, paths, variants, _ints(args.learners), args.epochs,
-                                    args.threads, log=_log)
+                                    args.threads, args.repeats, log=_log)
     for row in rows:
         print(json.dumps({k: row[k] for k in ROW_KEYS}))
     print(table(rows))
@@ -203,6 +203,7 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--learners", default="1,2", help="learner processes (1 is the baseline)")
     p.add_argument("--group-size", type=int, default=1, help="hierarchical: learners per group in the bench")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per setting (the fastest is kept)")
     p.add_argument("--out", help="folder for bench.jsonl (and the study's files)")
     p.add_argument("--study", action="store_true", help="also simulate and emulate, and draw the figures")
     p.add_argument("--simulate-learners", default="1,2,4,8,16,32,64")
