@@ -75,33 +75,38 @@ def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str
             "baseline_t_calc": baseline["mean_t_calc"] + baseline["mean_t_data"]}
 
 
-def fastest(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Of repeated runs, the one whose slowest learner finished first (the least disturbed on a shared machine)."""
-    return min(runs, key=lambda summaries: max(s["train_seconds"] for s in summaries))
-
-
 def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], variants: list[dict[str, Any]],
                    learners: list[int], epochs: int, threads: int = 1, repeats: int = 1,
                    log: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The single-learner baseline summary and one row per (variant, learner count > 1); each run is
-    repeated ``repeats`` times and the fastest kept."""
+    """The single-learner baseline summary and one row per (variant, learner count > 1).
 
-    def run(parallel: dict[str, Any]) -> list[dict[str, Any]]:
-        return fastest([run_learners(config_files, system, paths, parallel, epochs, threads) for _ in range(repeats)])
+    The machine may be shared and its speed drift over minutes, so every parallel run is
+    paired with a single-learner run just before it, and the speedup is the median over
+    ``repeats`` pairs of (baseline time / parallel time); the step times are those of the
+    median pair.
+    """
 
-    baseline = run({"strategy": "allreduce", "learners": 1})[0]
-    log(f"1 learner: {baseline['train_seconds']:.1f} s, held-out frame accuracy "
-        f"{baseline.get('best_valid_frame_accuracy')}")
+    def single() -> dict[str, Any]:
+        return run_learners(config_files, system, paths, {"strategy": "allreduce", "learners": 1}, epochs, threads)[0]
+
+    first = single()
+    log(f"1 learner: {first['train_seconds']:.1f} s, held-out frame accuracy {first.get('best_valid_frame_accuracy')}")
     rows = []
     for variant in variants:
         for n in [variant["learners"]] if "learners" in variant else learners:
             if n == 1:
                 continue
             parallel = {**variant, "learners": n}
-            row = bench_row(variant["strategy"], run(parallel), baseline, parallel)
-            log(json.dumps({k: row[k] for k in ROW_KEYS}))
+            pairs = []
+            for repeat in range(repeats):
+                baseline = first if not rows and repeat == 0 else single()
+                pairs.append(bench_row(variant["strategy"], run_learners(config_files, system, paths, parallel,
+                                                                         epochs, threads), baseline, parallel))
+            pairs.sort(key=lambda r: r["measured_speedup"])
+            row = {**pairs[len(pairs) // 2], "measured_speedups": [round(r["measured_speedup"], 3) for r in pairs]}
+            log(json.dumps({k: row[k] for k in (*ROW_KEYS, "measured_speedups")}))
             rows.append(row)
-    return baseline, rows
+    return first, rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:

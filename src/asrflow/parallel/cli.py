@@ -203,7 +203,7 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--learners", default="1,2", help="learner processes (1 is the baseline)")
     p.add_argument("--group-size", type=int, default=1, help="hierarchical: learners per group in the bench")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per setting (the fastest is kept)")
+    p.add_argument("--repeats", type=int, default=1, help="paired runs (one learner, then the strategy) per setting; the median speedup is kept")
     p.add_argument("--out", help="folder for bench.jsonl (and the study's files)")
     p.add_argument("--study", action="store_true", help="also simulate and emulate, and draw the figures")
     p.add_argument("--simulate-learners", default="1,2,4,8,16,32,64")
