@@ -24,12 +24,10 @@ def _log(message: str) -> None:
 
 def times_from_run(run_id: str, tracking_uri: str | None) -> tuple[str, StepTimes]:
     """Strategy and mean step times of an MLflow nnet run (``mean_t_*`` metrics)."""
-    import mlflow
+    from asrflow.tracking.query import run_record
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    run = mlflow.get_run(run_id)
-    metrics, params = run.data.metrics, run.data.params
+    run = run_record(tracking_uri, run_id)
+    metrics, params = run.metrics, run.params
     times = StepTimes(calc=metrics.get("mean_t_calc", 0.0) + metrics.get("mean_t_data", 0.0),
                       transmit=metrics.get("mean_t_transmit", 0.0), merge=metrics.get("mean_t_merge", 0.0),
                       bytes=metrics.get("mean_bytes_per_step", 0.0))

@@ -17,7 +17,7 @@ class RunRecord:
     metrics: dict[str, float]
 
 
-def _client(uri: str):
+def _client(uri: str | None):
     import mlflow
 
     return mlflow.MlflowClient(tracking_uri=uri)
@@ -40,6 +40,13 @@ def stage_runs(uri: str, experiment: str) -> list[RunRecord]:
         token = page.token
         if not token:
             return records
+
+
+def run_record(uri: str | None, run_id: str) -> RunRecord:
+    """One run by id (``uri`` None: MLflow's default, e.g. ``MLFLOW_TRACKING_URI``)."""
+    run = _client(uri).get_run(run_id)
+    return RunRecord(run.info.run_id, run.data.tags.get("asrflow.stage", ""), run.info.start_time,
+                     dict(run.data.tags), dict(run.data.params), dict(run.data.metrics))
 
 
 def metric_history(uri: str, run_id: str, names: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
