@@ -45,9 +45,9 @@ for name, settings in runs.items():
                     parallel=ParallelOptions(**{"timeout": 120, **settings}))
     import torch.distributed as dist
     rank = dist.get_rank() if dist.is_initialized() else 0
-    print("RESULT", json.dumps({"name": name, "rank": rank, **{k: summary[k] for k in ("best_valid_loss", "best_valid_frame_accuracy",
+    (out / f"{name}.{rank}.result.json").write_text(json.dumps({"name": name, "rank": rank, **{k: summary[k] for k in ("best_valid_loss", "best_valid_frame_accuracy",
           "strategy", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step",
-          "steps", "world_size")}}), flush=True)
+          "steps", "world_size")}}))
 """
 
 
@@ -72,11 +72,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_learners(root: Path, out: Path, runs: dict[str, dict], processes: int, timeout: int = 600) -> dict[str, dict]:
-    """Run SCRIPT under torchrun; the RESULT line of learner 0 per run (and ``name@rank`` for each)."""
+    """Run SCRIPT under torchrun; learner 0's summary per run (and ``name@rank`` for each learner's)."""
     proc = subprocess.run(torchrun(root, out, runs, processes), capture_output=True, text=True, timeout=timeout,
                           env=ENV)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = [json.loads(line.split("RESULT", 1)[1]) for line in proc.stdout.splitlines() if "RESULT" in line]
+    results = [json.loads(path.read_text()) for path in sorted(out.glob("*.result.json"))]
     assert len(results) == processes * len(runs), proc.stdout[-2000:]
     (out / "results.json").write_text(json.dumps(results, indent=1))
     return {r["name"]: r for r in results if r["rank"] == 0} | {
