@@ -156,7 +156,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     table = (res / "compare" / "table.md").read_text()
     for system in ("mono", "tri", *NETWORKS):
         assert f"| {system} |" in table
-    assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,WER test")
+    assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
 
 
