@@ -12,7 +12,7 @@ import torch
 from asrflow.data.datadir import read_table
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset
 from asrflow.nnet.train import TrainOptions
-from asrflow.parallel.emulate import STRATEGIES, EmulationResult, emulate, pairs
+from asrflow.parallel.emulate import STRATEGIES, EmulationResult, emulate
 
 from ..nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
 
@@ -50,13 +50,6 @@ def _run(toy: FeatureDataset, strategy: str, learners: int, epochs: int = EPOCHS
 def two_learners(toy) -> tuple[dict[str, EmulationResult], list[str]]:
     messages: list[str] = []
     return {s: _run(toy, s, 2, log=messages.append) for s in STRATEGIES}, messages
-
-
-def test_pairs_alternate_and_wrap() -> None:
-    assert pairs(0, 4) == [(0, 1), (2, 3)] and pairs(1, 4) == [(1, 2), (3, 0)]
-    assert pairs(0, 3) == [(0, 1)] and pairs(1, 3) == [(1, 2)]  # odd n: one learner sits a round out
-    assert pairs(0, 2) == pairs(1, 2) == [(0, 1)]
-    assert pairs(5, 1) == []
 
 
 def test_one_learner_is_plain_training_for_every_strategy(toy, tmp_path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asrflow.parallel.simulate import STRATEGIES, Network, SimConfig, partner, project, simulate
+from asrflow.parallel.simulate import STRATEGIES, Network, SimConfig, project, simulate
 from asrflow.parallel.timing import StepTimes, n_max
 
 T_CALC, T_MERGE = 0.1, 0.005
@@ -21,17 +21,6 @@ def run(strategy: str, learners: int, model_bytes: float = 2.4e6, network: Netwo
 def test_one_learner_is_the_baseline(strategy: str) -> None:
     assert run(strategy, 1, steps=50) == pytest.approx(1.0, abs=1e-9)
     assert run(strategy, 1, steps=50, jitter=0.3) == pytest.approx(1.0, rel=0.05)
-
-
-def test_partners_are_mutual_and_alternate() -> None:
-    for n in range(1, 10):
-        for step in (0, 1):
-            for rank in range(n):
-                other = partner(rank, step, n)
-                assert other is None or (other != rank and partner(other, step, n) == rank)
-    assert [partner(r, 0, 4) for r in range(4)] == [1, 0, 3, 2]
-    assert [partner(r, 1, 4) for r in range(4)] == [3, 2, 1, 0]
-    assert [partner(r, 1, 5) for r in range(5)] == [None, 2, 1, 4, 3]
 
 
 @pytest.mark.parametrize("learners", [2, 4, 8, 10, 12, 32, 64])

@@ -30,6 +30,7 @@ from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.nnet.train import Schedule, TrainOptions, evaluate, newbob_update
 from asrflow.parallel.base import ParallelOptions, flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
+from asrflow.parallel.topology import pairs
 
 STRATEGIES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
 COMPRESSIBLE = ("allreduce", "ring", "kavg")  # the strategies that can compress what they send
@@ -105,19 +106,6 @@ def _average(models: list[torch.nn.Module]) -> None:
     """Every model's parameters become their mean."""
     if len(models) > 1:
         _set_all(models, torch.stack([flat_params(m) for m in models]).mean(0))
-
-
-def pairs(round_index: int, n: int) -> list[tuple[int, int]]:
-    """ADPSGD partners in a round: even rounds (0,1),(2,3),…; odd rounds (1,2),(3,4),…,(n-1,0).
-
-    With an odd ``n`` one learner is left without a partner; with ``n`` = 2 the pair is always (0, 1).
-    """
-    if n < 2:
-        return []
-    if n == 2:
-        return [(0, 1)]
-    order = [(round_index % 2 + i) % n for i in range(n)]
-    return [(order[i], order[i + 1]) for i in range(0, n - 1, 2)]
 
 
 class _Emulator:

@@ -22,20 +22,7 @@ import torch.distributed as dist
 
 from asrflow.parallel import ParallelError
 from asrflow.parallel.base import Strategy, flat_grads, flat_params, load_grads, load_params
-
-
-def partner(index: int, count: int, round_: int) -> int | None:
-    """The ring neighbour ``index`` averages with in ``round_`` (None: sits this round out)."""
-    if count < 2:
-        return None
-    if count == 2:
-        return 1 - index
-    shift = round_ % 2
-    position = (index - shift) % count
-    mate = index + 1 if position % 2 == 0 else index - 1
-    if position == count - 1 and count % 2:  # odd count: the last of the cycle has no mate
-        return None
-    return mate % count
+from asrflow.parallel.topology import partner
 
 
 class ADPSGD(Strategy):

@@ -45,6 +45,7 @@ from functools import partial
 import numpy as np
 
 from asrflow.parallel.timing import StepTimes, n_max
+from asrflow.parallel.topology import partner
 
 STRATEGIES = ("ring", "adpsgd", "allreduce", "kavg", "hierarchical", "asgd")
 
@@ -182,23 +183,6 @@ def allreduce_time(members: int, nbytes: float, bandwidth: float, latency: float
     return 2 * (members - 1) / members * nbytes / bandwidth + 2 * (members - 1) * latency
 
 
-def partner(rank: int, step: int, members: int) -> int | None:
-    """ADPSGD partner of ``rank`` at ``step``: (0,1),(2,3),… on even steps, (1,2),…,(n-1,0) on odd ones.
-
-    With an odd number of members one is left without a partner (``None``): the last on even
-    steps, rank 0 on odd steps.
-    """
-    if members < 2:
-        return None
-    if step % 2 == 0:
-        other = rank + 1 if rank % 2 == 0 else rank - 1
-        return other if other < members else None
-    other = rank + 1 if rank % 2 == 1 else rank - 1
-    if members % 2 == 0:
-        return other % members
-    return other if 0 <= other < members else None
-
-
 class _Job:
     """Shared state of one run: the event loop, the learners' links, their compute times, finish times."""
 
@@ -291,7 +275,7 @@ def _ring(job: _Job) -> None:
 def _adpsgd(job: _Job) -> None:
     """ADPSGD: pairwise model averaging with alternating partners and no global barrier.
 
-    At the start of step s a learner sends its current model to ``partner(r, s)`` (overlapped
+    At the start of step s a learner sends its current model to ``partner(r, n, s)`` (overlapped
     with its computation), computes, waits for the partner's step-s model and averages
     (``t_merge``, which also covers applying its gradient). Without a partner it only computes
     and applies.
@@ -306,7 +290,7 @@ def _adpsgd(job: _Job) -> None:
         if s == steps:
             job.done(r)
             return
-        other = partner(r, s, n)
+        other = partner(r, n, s)
         if other is not None:
             job.send(r, other, partial(delivered, other, s))
         engine.after(job.calc[r][s], partial(calculated, r))
@@ -322,7 +306,7 @@ def _adpsgd(job: _Job) -> None:
 
     def try_average(r: int) -> None:
         s = step[r]
-        if computed[r] and (partner(r, s, n) is None or (r, s) in mail):
+        if computed[r] and (partner(r, n, s) is None or (r, s) in mail):
             computed[r] = False
             mail.discard((r, s))
             engine.after(t_merge, partial(finished, r))
@@ -433,7 +417,7 @@ def _hierarchical(job: _Job) -> None:
             for r in nodes[j]:
                 job.done(r)
             return
-        other = partner(j, s, count)
+        other = partner(j, count, s)
         if other is not None:
             job.send(nodes[j][0], nodes[other][0], partial(delivered, other, s))
         for r in nodes[j]:
@@ -456,7 +440,7 @@ def _hierarchical(job: _Job) -> None:
 
     def try_average(j: int) -> None:
         s = step[j]
-        alone = partner(j, s, count) is None
+        alone = partner(j, count, s) is None
         if reduced[j] and (alone or (j, s) in mail):
             reduced[j] = False
             mail.discard((j, s))

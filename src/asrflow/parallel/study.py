@@ -27,8 +27,7 @@ def predicted_rows(bench: list[dict[str, Any]], learners: list[int]) -> list[dic
             continue
         times = StepTimes(calc=row["t_calc"], transmit=row["t_transmit"], merge=row["t_merge"])
         rows += [{"strategy": row["strategy"], "learners": n,
-                  "predicted_speedup": predict_speedup(row["strategy"], n, times, row.get("k", 4),
-                                                       row.get("group_size", 2))}
+                  "predicted_speedup": predict_speedup(row["strategy"], n, times)}
                  for n in learners]
     return rows
 

@@ -47,7 +47,7 @@ def n_max(times: StepTimes) -> float:
     return float("inf") if denominator <= 0 else (times.calc + times.merge) / denominator
 
 
-def predict_speedup(strategy: str, learners: int, times: StepTimes, k: int = 1, group_size: int = 1) -> float:
+def predict_speedup(strategy: str, learners: int, times: StepTimes) -> float:
     """Predicted speedup of ``learners`` over one learner processing the same data.
 
     ``times`` are a learner's mean per-step times measured with ``learners`` learners; ``calc``
@@ -64,7 +64,7 @@ def predict_speedup(strategy: str, learners: int, times: StepTimes, k: int = 1, 
     - ``asgd``: as the blocking form, but the server takes one gradient and returns one model
       at a time, capping it at ``(C + M) / (2 T + M)``.
 
-    ``k`` and ``group_size`` are accepted for the callers' convenience; the measured times
+    kavg's ``k`` and hierarchical's ``group_size`` need no parameter: the measured times
     already reflect them.
     """
     n = learners
@@ -84,7 +84,6 @@ def predict_speedup(strategy: str, learners: int, times: StepTimes, k: int = 1, 
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
-def speedup_curve(strategy: str, times: StepTimes, learners: list[int], k: int = 1,
-                  group_size: int = 1) -> list[tuple[int, float]]:
+def speedup_curve(strategy: str, times: StepTimes, learners: list[int]) -> list[tuple[int, float]]:
     """``(n, predicted speedup)`` for each learner count."""
-    return [(n, predict_speedup(strategy, n, times, k, group_size)) for n in learners]
+    return [(n, predict_speedup(strategy, n, times)) for n in learners]
