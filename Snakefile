@@ -3,6 +3,8 @@
 #   snakemake --cores all
 # and another with --configfile config/experiments/<name>.yaml.
 from asrflow.workflow import (
+    dask_threads,
+    launch_resources,
     network_systems,
     nnet_decode_inputs,
     nnet_inputs,

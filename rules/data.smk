@@ -8,7 +8,7 @@ rule data:
         config=RESOLVED,
         # Reruns when these sections change (the resolved config file itself is not an input).
         fingerprint=stage_fingerprint(config, "data"),
-    threads: workflow.cores
+    threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=4000,
     log:

@@ -36,7 +36,7 @@ rule decode:
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "decode"),
-    threads: workflow.cores
+    threads: dask_threads(config, workflow.cores)
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
     benchmark:
@@ -61,7 +61,7 @@ rule decode_nnet:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "decode_nnet", system=wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph"),
-    threads: workflow.cores
+    threads: dask_threads(config, workflow.cores)
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
     benchmark:

@@ -11,7 +11,7 @@ rule features:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "features", wildcards.kind),
-    threads: workflow.cores
+    threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=4000,
     log:

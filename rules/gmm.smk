@@ -18,7 +18,7 @@ rule gmm:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "gmm"),
         mono=lambda wildcards, input: f"--mono {input.mono[0]}" if input.mono else "",
-    threads: workflow.cores
+    threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=4000,
     log:

@@ -1,7 +1,8 @@
 # Neural acoustic models: one torchrun job per network and training split.
 # Hybrid networks learn the GMM's tied states from its alignments; CTC networks learn units
 # from the transcripts. nnet.parallel.learners learners (gloo on CPU, NCCL on GPU) share the job,
-# exchanging gradients or models as nnet.parallel.strategy says.
+# exchanging gradients or models as nnet.parallel.strategy says. `asrflow launch` starts them:
+# torchrun on this machine, or srun + torchrun per node when nnet.parallel.nodes > 1 (Slurm).
 
 
 rule nnet:
@@ -16,11 +17,19 @@ rule nnet:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
         learners=lambda wildcards: parallel_settings(config, wildcards.system)["learners"],
+        nodes=lambda wildcards: parallel_settings(config, wildcards.system)["nodes"],
+        launcher=lambda wildcards: parallel_settings(config, wildcards.system)["launcher"],
+        port=lambda wildcards: parallel_settings(config, wildcards.system)["port"] or 0,
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "lang"),
     threads: workflow.cores
     resources:
         mem_mb=4000,
+        nodes=lambda wildcards: launch_resources(config, wildcards.system)["nodes"],
+        tasks=lambda wildcards: launch_resources(config, wildcards.system)["tasks"],
+        mpi=lambda wildcards: launch_resources(config, wildcards.system)["mpi"],
+        gres=lambda wildcards: launch_resources(config, wildcards.system)["gres"],
+        tasks_per_gpu=lambda wildcards: launch_resources(config, wildcards.system)["tasks_per_gpu"],
     log:
         f"{RESULTS}/logs/nnet.{{train}}.{{system}}.log",
     benchmark:
@@ -28,7 +37,7 @@ rule nnet:
     conda:
         "../envs/gpu.yaml"
     shell:
-        "torchrun --nnodes 1 --nproc-per-node {params.learners} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0"
-        " --no-python asrflow nnet --config {params.config} --system {wildcards.system} --train {wildcards.train}"
+        "asrflow launch --learners {params.learners} --nodes {params.nodes} --launcher {params.launcher}"
+        " --port {params.port} -- asrflow nnet --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --data {input.data} --features {input.features} {params.optional} --state {params.state}"
         " --threads {threads} --out {output} > {log} 2>&1"

@@ -71,3 +71,14 @@ def dask_client_1():
     cfg = {"cluster": "local", "address": None, "workers": 1, "host": "127.0.0.1", "dashboard": False}
     with dask_client(cfg, log=lambda *_: None) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def yesno_run(tmp_path_factory, mirror) -> Path:
+    """The yesno experiment run locally (``snakemake --cores 2``): its working folder."""
+    from tests.snakemake_run import YESNO, snakemake
+
+    os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
+    workdir = tmp_path_factory.mktemp("workflow")
+    snakemake(workdir, "--cores", "2", "--configfile", str(YESNO))
+    return workdir

@@ -66,6 +66,7 @@ def cmd_features(args: argparse.Namespace) -> int:
     workers = config["dask"]["workers"] or args.workers or 1
     with stage_run(config, f"features-{args.kind}", resolved_config=args.config[-1]) as run:
         with dask_client(config["dask"], workers, log=_log) as client:
+            workers = len(client.scheduler_info()["workers"]) or workers  # Slurm worker jobs may differ
             summary = extract_features(config, args.data, args.kind, args.out, client, workers, log=_log)
         data_manifest = json.loads((Path(args.data) / "manifest.json").read_text(encoding="utf-8"))
         run.set_tags({"asrflow.corpus_fingerprint": data_manifest["fingerprint"]})
@@ -369,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_bench_gmm)
 
+    sub.add_parser("launch", help="start a training command's learners: torchrun, or srun + torchrun across nodes "
+                   "(asrflow launch --learners N --nodes M -- asrflow nnet ...)", add_help=False)
+
     from asrflow.parallel.cli import register
 
     register(sub, bench, with_config)
@@ -383,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     from asrflow.nnet import NnetError
     from asrflow.parallel import ParallelError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:  # its own parser: everything after `--` is the training command
+        from asrflow.cluster.launch import main as launch
+
+        return launch(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -42,6 +42,27 @@ def parallel_settings(config: dict[str, Any], system: str) -> dict[str, Any]:
     return {**config["nnet"]["parallel"], **config["nnet"]["models"][system].get("parallel", {})}
 
 
+def dask_threads(config: dict[str, Any], cores: int) -> int:
+    """CPUs a Dask stage's own job needs: all of ``cores`` for a local cluster, else one (the
+    scheduler; the workers are Slurm jobs or already running), so its CPUs go to the workers."""
+    return cores if config["dask"]["cluster"] == "local" else 1
+
+
+def launch_resources(config: dict[str, Any], system: str) -> dict[str, Any]:
+    """Slurm resources of training ``system`` (snakemake-executor-plugin-slurm names; None: not asked).
+
+    One node: a plain job (``--nodes=1``). Several: the plugin's ``mpi`` mode, one task per node,
+    so that ``asrflow launch`` starts one ``torchrun`` per node with ``srun``. With
+    ``nnet.parallel.gpus`` each node asks for one GPU per learner on it (``--gres=gpu:N``).
+    """
+    par = parallel_settings(config, system)
+    nodes, per_node = par["nodes"], max(1, par["learners"] // par["nodes"])
+    multi = nodes > 1
+    return {"nodes": nodes, "tasks": nodes if multi else None, "mpi": "srun" if multi else None,
+            "gres": f"gpu:{per_node}" if par["gpus"] else None,
+            "tasks_per_gpu": 0 if par["gpus"] else None}  # 0: no --ntasks-per-gpu (one task per node)
+
+
 def train_split(test: str) -> str:
     """The training split paired with a test split (``test`` → ``train``, ``loso_x_test`` → ``loso_x_train``)."""
     if not test.endswith("test"):
@@ -156,10 +177,24 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+# Where the learners run, not what they compute: moving a job onto a cluster retrains nothing.
+LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
+
+
+def _without_launch(key: str, value: Any) -> Any:
+    if key.endswith("parallel") and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in LAUNCH_KEYS}
+    if key.startswith("nnet.models.") and isinstance(value, dict) and "parallel" in value:
+        rest = {k: v for k, v in value.items() if k != "parallel"}
+        parallel = _without_launch("parallel", value["parallel"])
+        return {**rest, "parallel": parallel} if parallel else rest
+    return value
+
+
 def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system: str = "") -> str:
-    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`)."""
+    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), launch settings aside."""
     keys = [k.format(kind=kind, system=system) for k in STAGE_SECTIONS[stage]]
-    return section_fingerprint({k: _lookup(config, k) for k in keys}, *keys)
+    return section_fingerprint({k: _without_launch(k, _lookup(config, k)) for k in keys}, *keys)
 
 
 def pipeline_started(config: dict[str, Any]) -> None:

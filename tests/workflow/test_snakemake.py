@@ -3,43 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-YESNO = REPO / "config" / "experiments" / "yesno.yaml"
+from tests.snakemake_run import YESNO, jobs_planned, snakemake
+
 NETWORKS = ("dnn", "lstm", "cnn", "ctc")
 
 pytestmark = pytest.mark.workflow
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("ASRFLOW_PARENT_RUN_ID", None)
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args],
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=1500)
-    if check and proc.returncode != 0:
-        pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def jobs_planned(output: str) -> set[str]:
-    return set(re.findall(r"^(?:local)?rule (\w+):", output, flags=re.M))
-
-
-@pytest.fixture(scope="module")
-def yesno_run(tmp_path_factory, mirror) -> Path:
-    os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
-    workdir = tmp_path_factory.mktemp("workflow")
-    snakemake(workdir, "--cores", "2", "--configfile", str(YESNO))
-    return workdir
 
 
 def test_outputs(yesno_run: Path) -> None:

@@ -16,6 +16,7 @@
 #   ASRFLOW_SLURM_USER     user slurmctld runs as          [root]
 #   ASRFLOW_SLURM_CPUS     CPUs of the node                [detected: slurmd -C]
 #   ASRFLOW_SLURM_MEM_MB   RealMemory of the node (MB)     [detected: slurmd -C]
+#   ASRFLOW_SLURM_GPU_CPUS CPUs partition gpu may use      [nproc]
 #   ASRFLOW_SLURM_TIMEOUT  seconds to wait for the node    [90]
 #   ASRFLOW_SLURM_FORCE=1  overwrite a slurm.conf that up.sh did not write
 set -euo pipefail
@@ -161,6 +162,8 @@ if [ -n "${ASRFLOW_SLURM_CPUS:-}" ]; then
     cpus="$ASRFLOW_SLURM_CPUS"; sockets=1; cps="$cpus"; tpc=1
 fi
 mem="${ASRFLOW_SLURM_MEM_MB:-$mem}"
+gpu_cpus="${ASRFLOW_SLURM_GPU_CPUS:-$(nproc)}"
+[ "$gpu_cpus" -le "$cpus" ] || gpu_cpus="$cpus"
 def_mem=$(( mem / cpus ))
 [ "$def_mem" -le 1024 ] || def_mem=1024
 
@@ -173,6 +176,7 @@ sed -e "s|@STATE_DIR@|${state}|g" \
     -e "s|@THREADS_PER_CORE@|${tpc}|g" \
     -e "s|@REAL_MEMORY@|${mem}|g" \
     -e "s|@DEF_MEM_PER_CPU@|${def_mem}|g" \
+    -e "s|@GPU_CPUS@|${gpu_cpus}|g" \
     "${here}/slurm.conf.in" >"${conf}.tmp"
 mv "${conf}.tmp" "$conf"
 chmod 644 "$conf"

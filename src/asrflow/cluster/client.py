@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 
 T = TypeVar("T")
+SLURM_WORKERS = 4  # worker jobs when dask.cluster is slurm and dask.workers is null
 R = TypeVar("R")
 
 
@@ -33,7 +34,8 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
     Args:
         dask_cfg: the resolved ``dask`` config section.
         workers: worker processes for a LocalCluster when ``dask.workers`` is null
-            (Snakemake passes the rule's threads); defaults to 1.
+            (Snakemake passes the rule's threads); defaults to 1. With ``cluster: slurm``
+            the workers are ``dask.workers`` (else 4) Slurm jobs of ``dask.slurm``'s shape.
         log: where to print the dashboard link.
     """
     from dask.distributed import Client, LocalCluster
@@ -43,6 +45,17 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
             raise ValueError("config key 'dask.address' is required when dask.cluster is 'address'")
         client = Client(dask_cfg["address"], timeout="30s")
         cluster = None
+    elif dask_cfg["cluster"] == "slurm":
+        n = dask_cfg.get("workers") or SLURM_WORKERS
+        cluster = slurm_cluster(dask_cfg)
+        cluster.scale(jobs=n)
+        client = Client(cluster)
+        try:
+            wait_for_slurm_workers(client, cluster, dask_cfg["slurm"], log)
+        except BaseException:
+            client.close()
+            cluster.close()
+            raise
     else:
         n = dask_cfg.get("workers") or workers or 1
         host = dask_cfg["host"]
@@ -64,6 +77,58 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def slurm_options(dask_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of dask-jobqueue's ``SLURMCluster`` for the ``dask`` config section.
+
+    One worker process per Slurm job, started with this interpreter (the job inherits the
+    environment, so the same virtual environment). Without ``dask.slurm.interface`` the
+    scheduler binds to ``dask.host`` and each worker to the address that reaches it.
+    """
+    slurm = dask_cfg["slurm"]
+    options: dict[str, Any] = {
+        "cores": slurm["cores"],
+        "processes": 1,
+        "memory": slurm["memory"],
+        "queue": slurm["partition"],
+        "account": slurm["account"],
+        "walltime": slurm["walltime"],
+        "job_name": "asrflow-dask",
+        "job_extra_directives": list(slurm["job_extra"]),
+        "log_directory": slurm["log_directory"],
+        "python": sys.executable,
+        "silence_logs": "error",
+    }
+    if slurm["interface"]:
+        options["interface"] = slurm["interface"]
+    else:
+        options["scheduler_options"] = {"host": dask_cfg["host"], "dashboard_address": f"{dask_cfg['host']}:0"}
+    return options
+
+
+def slurm_cluster(dask_cfg: dict[str, Any]) -> Any:
+    """A dask-jobqueue ``SLURMCluster`` (no workers yet) from the ``dask`` config section."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError as err:  # pragma: no cover - a dependency of the package
+        raise RuntimeError("dask.cluster is 'slurm' but dask-jobqueue is not installed "
+                           "(pip install dask-jobqueue)") from err
+    return SLURMCluster(**slurm_options(dask_cfg))
+
+
+def wait_for_slurm_workers(client: Any, cluster: Any, slurm: dict[str, Any], log=print) -> None:
+    """Wait until the first worker job has connected; fail with the queue's view if none does."""
+    try:
+        client.wait_for_workers(1, timeout=slurm["start_timeout"])
+    except TimeoutError as err:
+        jobs = ", ".join(sorted(str(job) for job in cluster.workers)) or "none"
+        raise RuntimeError(
+            f"no Dask worker started within {slurm['start_timeout']} s on Slurm partition "
+            f"'{slurm['partition']}' (worker jobs: {jobs}); check `squeue` and dask.slurm in the config"
+        ) from err
+    job_ids = sorted(str(getattr(job, "job_id", name)) for name, job in cluster.workers.items())
+    log(f"Dask workers are Slurm jobs on partition {slurm['partition']}: {' '.join(job_ids)}")
 
 
 def run_sharded(

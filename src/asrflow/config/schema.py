@@ -171,12 +171,15 @@ def _check_systems(config: dict[str, Any]) -> None:
                           f"nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                           + f"; networks defined: {', '.join(models) or 'none'}")
     for name, model in models.items():
-        learners, group = (model.get("parallel", {}).get(key, config["nnet"]["parallel"][key])
-                           for key in ("learners", "group_size"))
+        learners, group, nodes = (model.get("parallel", {}).get(key, config["nnet"]["parallel"][key])
+                                  for key in ("learners", "group_size", "nodes"))
         strategy = model.get("parallel", {}).get("strategy", config["nnet"]["parallel"]["strategy"])
         if strategy == "hierarchical" and learners % group:
             raise ConfigError(f"config key 'nnet.models.{name}.parallel': {learners} learners do not split into "
                               f"hierarchical groups of group_size {group}")
+        if learners % nodes:
+            raise ConfigError(f"config key 'nnet.models.{name}.parallel': {learners} learners do not divide evenly "
+                              f"over {nodes} nodes (learners must be a multiple of nodes)")
     if models and config["nnet"]["features"] not in config["features"]["kinds"]:
         raise ConfigError(f"config key 'nnet.features': {config['nnet']['features']!r} is not extracted; "
                           f"add it to features.kinds ({', '.join(config['features']['kinds'])})")

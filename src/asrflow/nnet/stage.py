@@ -54,8 +54,12 @@ def train_options(config: dict[str, Any], system: str) -> TrainOptions:
 
 
 def parallel_options(config: dict[str, Any], system: str) -> ParallelOptions:
-    """``nnet.parallel`` with the model's overrides; the learner count must match the processes torchrun started."""
-    opts = ParallelOptions(**parallel_settings(config, system))
+    """``nnet.parallel`` with the model's overrides; the learner count must match the processes torchrun started.
+
+    The launch settings (nodes, launcher, port, gpus) are ``asrflow launch``'s, not the learners'.
+    """
+    known = {f.name for f in fields(ParallelOptions)}
+    opts = ParallelOptions(**{k: v for k, v in parallel_settings(config, system).items() if k in known})
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != opts.learners:
         raise NnetError(f"nnet.parallel.learners is {opts.learners} but {world} learner process(es) are running; "

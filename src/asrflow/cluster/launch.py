@@ -1,0 +1,134 @@
+"""Start a training job's learner processes: ``torchrun`` on one node, ``srun`` + ``torchrun`` across nodes.
+
+``asrflow launch --learners 8 --nodes 2 -- asrflow nnet ...`` runs, inside a Slurm allocation,
+one ``torchrun`` per node through ``srun`` (one task per node), each starting
+``learners / nodes`` learner processes; they meet at a c10d rendezvous on the allocation's
+first node, so every parallel strategy's process group spans the nodes. On one node it is
+plain ``torchrun`` with a rendezvous on 127.0.0.1 (gloo on CPU, NCCL on GPU in either case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+LAUNCHERS = ("auto", "torchrun", "srun")
+
+
+class LaunchError(RuntimeError):
+    """The learners cannot be started as configured; the message says why and what to change."""
+
+
+def per_node(learners: int, nodes: int) -> int:
+    """Learner processes per node (``torchrun --nproc-per-node``); ``learners`` must fill the nodes evenly."""
+    if nodes < 1 or learners < 1:
+        raise LaunchError(f"learners ({learners}) and nodes ({nodes}) must be at least 1")
+    if learners % nodes:
+        raise LaunchError(f"{learners} learners do not divide evenly over {nodes} nodes "
+                          "(nnet.parallel.learners must be a multiple of nnet.parallel.nodes)")
+    return learners // nodes
+
+
+def choose(launcher: str, nodes: int) -> str:
+    """``torchrun`` or ``srun``: ``auto`` takes srun exactly when the learners span several nodes."""
+    if launcher not in LAUNCHERS:
+        raise LaunchError(f"unknown launcher {launcher!r} (one of {', '.join(LAUNCHERS)})")
+    if launcher == "auto":
+        return "srun" if nodes > 1 else "torchrun"
+    if launcher == "torchrun" and nodes > 1:
+        raise LaunchError(f"{nodes} nodes need the srun launcher (nnet.parallel.launcher: auto or srun)")
+    return launcher
+
+
+def rendezvous_port(env: Mapping[str, str], port: int | None) -> int:
+    """The configured port, else one derived from the Slurm job id (jobs sharing a node differ)."""
+    if port:
+        return port
+    return 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000
+
+
+def torchrun_args(nproc: int, nnodes: int = 1, endpoint: str = "127.0.0.1:0", run_id: str = "none") -> list[str]:
+    """``torchrun`` with a c10d rendezvous at ``endpoint``; the training command follows ``--no-python``."""
+    return ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--no-python"]
+
+
+def srun_args(nodes: int, env: Mapping[str, str]) -> list[str]:
+    """``srun`` with one task per node of the allocation, sharing the CPUs (and GPUs) the job holds.
+
+    ``--overlap`` lets the step run beside a step already holding the allocation (Snakemake's
+    Slurm executor runs each job inside ``srun -n1``); CPUs and GPUs per node are passed on
+    explicitly, because steps do not inherit them from the batch job since Slurm 22.05.
+    """
+    args = ["srun", "--nodes", str(nodes), "--ntasks", str(nodes), "--ntasks-per-node", "1", "--overlap",
+            "--kill-on-bad-exit=1"]
+    cpus = env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE")
+    if cpus:
+        args.append(f"--cpus-per-task={cpus.split('(')[0]}")
+    gpus = env.get("SLURM_GPUS_PER_NODE")
+    if gpus:
+        args.append(f"--gpus-per-node={gpus}")
+    return args
+
+
+def allocation(env: Mapping[str, str], nodes: int) -> list[str]:
+    """Host names of the Slurm allocation this runs in; at least ``nodes`` of them."""
+    if not env.get("SLURM_JOB_ID"):
+        raise LaunchError(f"starting learners with srun ({nodes} node(s)) needs a Slurm allocation: run the "
+                          "workflow with `snakemake --profile cluster`, or set nnet.parallel.nodes: 1 and "
+                          "nnet.parallel.launcher: auto to train on this machine")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise LaunchError(f"cannot list the nodes of Slurm job {env['SLURM_JOB_ID']} "
+                          f"(scontrol show hostnames {nodelist!r}): {err}") from err
+    hosts = out.split()
+    if len(hosts) < nodes:
+        raise LaunchError(f"Slurm job {env['SLURM_JOB_ID']} has {len(hosts)} node(s) ({nodelist}) but "
+                          f"nnet.parallel.nodes is {nodes}: ask for them with the rule's `nodes` resource")
+    return hosts
+
+
+def launch_command(command: Sequence[str], learners: int, nodes: int = 1, launcher: str = "auto",
+                   port: int | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """The full command line that starts ``learners`` processes of ``command`` over ``nodes`` nodes."""
+    env = os.environ if env is None else env
+    nproc = per_node(learners, nodes)
+    how = choose(launcher, nodes)
+    if how == "torchrun":
+        return [*torchrun_args(nproc), *command]
+    hosts = allocation(env, nodes)
+    endpoint = f"{hosts[0]}:{rendezvous_port(env, port)}"
+    run_id = f"asrflow-{env['SLURM_JOB_ID']}"
+    return [*srun_args(nodes, env), *torchrun_args(nproc, nodes, endpoint, run_id), *command]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``asrflow launch [options] -- COMMAND...``: print the launch command, then become it."""
+    parser = argparse.ArgumentParser(prog="asrflow launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--learners", type=int, default=1, help="learner processes in all")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes they span (one torchrun per node)")
+    parser.add_argument("--launcher", default="auto", choices=LAUNCHERS)
+    parser.add_argument("--port", type=int, default=None, help="rendezvous port on the first node (srun)")
+    parser.add_argument("--dry-run", action="store_true", help="print the command and stop")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no training command after --")
+    try:
+        line = launch_command(command, args.learners, args.nodes, args.launcher, args.port)
+    except LaunchError as err:
+        print(f"asrflow: error: {err}", file=sys.stderr)
+        return 1
+    print(f"asrflow launch: {shlex.join(line)}", file=sys.stderr, flush=True)
+    if args.dry_run:
+        return 0
+    os.execvp(line[0], line)
+    return 1  # pragma: no cover - execvp does not return

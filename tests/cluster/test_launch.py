@@ -1,0 +1,99 @@
+"""How a training job's learners are started (asrflow launch) and what the Slurm job asks for."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from asrflow.cluster.client import slurm_options
+from asrflow.cluster.launch import LaunchError, launch_command, per_node, rendezvous_port
+from asrflow.workflow import dask_threads, launch_resources, stage_fingerprint
+from tests.conftest import make_config
+
+TRAIN = ["asrflow", "nnet", "--system", "dnn"]
+
+
+def test_one_node_is_plain_torchrun_on_loopback() -> None:
+    line = launch_command(TRAIN, learners=2, env={})
+    assert line == ["torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "none", "--no-python", *TRAIN]
+
+
+@pytest.mark.skipif(not shutil.which("scontrol"), reason="needs Slurm's scontrol to expand node lists")
+def test_several_nodes_start_one_torchrun_per_node_with_srun() -> None:
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost", "SLURM_CPUS_PER_TASK": "8",
+           "SLURM_GPUS_PER_NODE": "4"}
+    line = launch_command(TRAIN, learners=4, nodes=1, launcher="srun", env=env)
+    assert line[:line.index("torchrun")] == ["srun", "--nodes", "1", "--ntasks", "1", "--ntasks-per-node", "1",
+                                             "--overlap", "--kill-on-bad-exit=1", "--cpus-per-task=8",
+                                             "--gpus-per-node=4"]
+    torchrun = line[line.index("torchrun"):]
+    assert torchrun[:torchrun.index("--no-python")] == [
+        "torchrun", "--nnodes", "1", "--nproc-per-node", "4", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"localhost:{20000 + 4242}", "--rdzv-id", "asrflow-4242"]
+    assert line[-len(TRAIN):] == TRAIN
+    with pytest.raises(LaunchError, match="has 1 node"):
+        launch_command(TRAIN, learners=4, nodes=2, env=env)  # auto takes srun; the allocation is too small
+
+
+def test_launch_errors_say_what_to_change() -> None:
+    with pytest.raises(LaunchError, match="needs a Slurm allocation"):
+        launch_command(TRAIN, learners=4, nodes=2, env={})
+    with pytest.raises(LaunchError, match="do not divide evenly over 2 nodes"):
+        per_node(3, 2)
+    with pytest.raises(LaunchError, match="need the srun launcher"):
+        launch_command(TRAIN, learners=4, nodes=2, launcher="torchrun", env={})
+    assert rendezvous_port({"SLURM_JOB_ID": "123456"}, None) == 20000 + 123456 % 20000
+    assert rendezvous_port({"SLURM_JOB_ID": "1"}, 29500) == 29500
+
+
+def test_cli_dry_run_prints_the_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "asrflow.cli", "launch", "--learners", "2", "--dry-run", "--",
+                          "asrflow", "nnet"], capture_output=True, text=True, check=True)
+    assert "asrflow launch: torchrun --nnodes 1 --nproc-per-node 2" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "asrflow.cli", "launch", "--learners", "2", "--nodes", "2",
+                          "--", "true"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert bad.returncode == 1 and "needs a Slurm allocation" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_training_job_resources(tmp_path) -> None:
+    config = make_config(tmp_path, nnet={
+        "parallel": {"strategy": "ring", "learners": 2},
+        "models": {"one": {"type": "dnn"},
+                   "wide": {"type": "dnn", "parallel": {"learners": 8, "nodes": 2, "gpus": True}}}})
+    assert launch_resources(config, "one") == {"nodes": 1, "tasks": None, "mpi": None, "gres": None,
+                                               "tasks_per_gpu": None}
+    assert launch_resources(config, "wide") == {"nodes": 2, "tasks": 2, "mpi": "srun", "gres": "gpu:4",
+                                                "tasks_per_gpu": 0}
+
+
+def test_launch_settings_do_not_retrain(tmp_path) -> None:
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    moved = make_config(tmp_path, nnet={"parallel": {"launcher": "srun", "gpus": True, "port": 29500},
+                                        "models": {"dnn": {"type": "dnn", "parallel": {"nodes": 1}}}})
+    changed = make_config(tmp_path, nnet={"parallel": {"strategy": "ring"}, "models": {"dnn": {"type": "dnn"}}})
+    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, moved, changed)]
+    assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+
+
+def test_learners_must_fill_the_nodes(tmp_path) -> None:
+    from asrflow.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"nnet.models.dnn.parallel': 3 learners do not divide evenly over 2"):
+        make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "parallel": {"learners": 3, "nodes": 2}}}})
+
+
+def test_dask_on_slurm_options(tmp_path) -> None:
+    config = make_config(tmp_path, dask={"cluster": "slurm", "slurm": {"partition": "short", "memory": "4GB",
+                                                                       "job_extra": ["--qos=low"]}})
+    options = slurm_options(config["dask"])
+    assert options["queue"] == "short" and options["memory"] == "4GB" and options["processes"] == 1
+    assert options["job_extra_directives"] == ["--qos=low"] and options["python"] == sys.executable
+    assert options["scheduler_options"]["host"] == "127.0.0.1" and "interface" not in options
+    assert dask_threads(config, 8) == 1  # the stage's job only holds the scheduler
+    with_interface = make_config(tmp_path, dask={"cluster": "slurm", "slurm": {"interface": "lo"}})
+    assert slurm_options(with_interface["dask"])["interface"] == "lo"
+    assert dask_threads(make_config(tmp_path), 8) == 8
