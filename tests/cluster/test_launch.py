@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from asrflow.cluster.client import slurm_options
-from asrflow.cluster.launch import LaunchError, launch_command, per_node, rendezvous_port
+from asrflow.cluster.launch import LaunchError, expand_nodelist, launch_command, per_node, rendezvous_port
 from asrflow.workflow import dask_threads, launch_resources, stage_fingerprint
 from tests.conftest import make_config
 
@@ -22,7 +21,6 @@ def test_one_node_is_plain_torchrun_on_loopback() -> None:
                     "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "none", "--no-python", *TRAIN]
 
 
-@pytest.mark.skipif(not shutil.which("scontrol"), reason="needs Slurm's scontrol to expand node lists")
 def test_several_nodes_start_one_torchrun_per_node_with_srun() -> None:
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost", "SLURM_CPUS_PER_TASK": "8",
            "SLURM_GPUS_PER_NODE": "4"}
@@ -37,6 +35,16 @@ def test_several_nodes_start_one_torchrun_per_node_with_srun() -> None:
     assert line[-len(TRAIN):] == TRAIN
     with pytest.raises(LaunchError, match="has 1 node"):
         launch_command(TRAIN, learners=4, nodes=2, env=env)  # auto takes srun; the allocation is too small
+
+
+def test_node_lists_expand_as_slurm_writes_them() -> None:
+    assert expand_nodelist("localhost") == ["localhost"]
+    assert expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert expand_nodelist("r[1-2]-n[8-9]") == ["r1-n8", "r1-n9", "r2-n8", "r2-n9"]
+    assert expand_nodelist("node[9-10]") == ["node9", "node10"]
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]"}
+    line = launch_command(TRAIN, learners=8, nodes=2, env=env)
+    assert line[line.index("--rdzv-endpoint") + 1] == "gpu01:20007" and line[line.index("--nproc-per-node") + 1] == "4"
 
 
 def test_launch_errors_say_what_to_change() -> None:

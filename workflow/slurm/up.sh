@@ -22,7 +22,7 @@
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
-    exec sudo -E bash "$0" "$@"
+    exec sudo -n -E bash "$0" "$@"  # -n: fail at once where a password would be asked
 fi
 export PATH="/usr/sbin:/sbin:/usr/bin:/bin:${PATH}"
 

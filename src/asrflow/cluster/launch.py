@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -75,6 +74,44 @@ def srun_args(nodes: int, env: Mapping[str, str]) -> list[str]:
     return args
 
 
+def _split_top(text: str) -> list[str]:
+    """Split ``text`` at commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+def _expand_range(spec: str) -> list[str]:
+    """``01-03,7`` → ``01 02 03 7`` (zero padding kept)."""
+    names = []
+    for item in spec.split(","):
+        low, _, high = item.partition("-")
+        if not high:
+            names.append(low)
+            continue
+        width = len(low) if low.startswith("0") else 0
+        names += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+    return names
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Host names of a Slurm node list: ``gpu[01-03,07],login1`` → gpu01 gpu02 gpu03 gpu07 login1."""
+    hosts = []
+    for part in _split_top(nodelist.strip()):
+        if "[" not in part:
+            hosts.append(part)
+            continue
+        head, rest = part.split("[", 1)
+        spec, tail = rest.split("]", 1)
+        hosts += [head + name + more for name in _expand_range(spec) for more in (expand_nodelist(tail) or [""])]
+    return hosts
+
+
 def allocation(env: Mapping[str, str], nodes: int) -> list[str]:
     """Host names of the Slurm allocation this runs in; at least ``nodes`` of them."""
     if not env.get("SLURM_JOB_ID"):
@@ -83,14 +120,11 @@ def allocation(env: Mapping[str, str], nodes: int) -> list[str]:
                           "nnet.parallel.launcher: auto to train on this machine")
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as err:
-        raise LaunchError(f"cannot list the nodes of Slurm job {env['SLURM_JOB_ID']} "
-                          f"(scontrol show hostnames {nodelist!r}): {err}") from err
-    hosts = out.split()
+        hosts = expand_nodelist(nodelist)
+    except ValueError as err:
+        raise LaunchError(f"cannot read the node list {nodelist!r} of Slurm job {env['SLURM_JOB_ID']}: {err}") from err
     if len(hosts) < nodes:
-        raise LaunchError(f"Slurm job {env['SLURM_JOB_ID']} has {len(hosts)} node(s) ({nodelist}) but "
+        raise LaunchError(f"Slurm job {env['SLURM_JOB_ID']} has {len(hosts)} node(s) ({nodelist or 'none'}) but "
                           f"nnet.parallel.nodes is {nodes}: ask for them with the rule's `nodes` resource")
     return hosts
 
