@@ -11,6 +11,7 @@ from asrflow.workflow import (
     optional_args,
     parallel_study_targets,
     parallel_settings,
+    per_attempt,
     compare_targets,
     pipeline_finished,
     pipeline_started,

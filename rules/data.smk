@@ -10,7 +10,8 @@ rule data:
         fingerprint=stage_fingerprint(config, "data"),
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=4000,
+        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(60),  # minutes (sbatch -t)
     log:
         f"{RESULTS}/logs/data.log",
     benchmark:

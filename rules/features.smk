@@ -13,7 +13,8 @@ rule features:
         fingerprint=lambda wildcards: stage_fingerprint(config, "features", wildcards.kind),
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=4000,
+        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(60),  # minutes (sbatch -t)
     log:
         f"{RESULTS}/logs/features.{{kind}}.log",
     benchmark:

@@ -20,7 +20,8 @@ rule gmm:
         mono=lambda wildcards, input: f"--mono {input.mono[0]}" if input.mono else "",
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=4000,
+        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(240),  # minutes (sbatch -t)
     log:
         f"{RESULTS}/logs/gmm.{{train}}.{{system}}.log",
     benchmark:

@@ -24,7 +24,8 @@ rule nnet:
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "lang"),
     threads: workflow.cores
     resources:
-        mem_mb=4000,
+        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(720),  # minutes (sbatch -t)
         nodes=lambda wildcards: launch_resources(config, wildcards.system)["nodes"],
         tasks=lambda wildcards: launch_resources(config, wildcards.system)["tasks"],
         mpi=lambda wildcards: launch_resources(config, wildcards.system)["mpi"],

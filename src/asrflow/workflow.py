@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ GMM_SYSTEMS = ("mono", "tri")
 def parallel_settings(config: dict[str, Any], system: str) -> dict[str, Any]:
     """``nnet.parallel`` overlaid with network ``system``'s own ``parallel`` overrides."""
     return {**config["nnet"]["parallel"], **config["nnet"]["models"][system].get("parallel", {})}
+
+
+def per_attempt(base: int) -> Callable[..., int]:
+    """A rule resource that grows with each retry: ``base`` × attempt (mem_mb, runtime in minutes)."""
+    return lambda wildcards, attempt: base * attempt
 
 
 def dask_threads(config: dict[str, Any], cores: int) -> int:

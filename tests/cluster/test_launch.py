@@ -9,7 +9,7 @@ import pytest
 
 from asrflow.cluster.client import slurm_options
 from asrflow.cluster.launch import LaunchError, expand_nodelist, launch_command, per_node, rendezvous_port
-from asrflow.workflow import dask_threads, launch_resources, stage_fingerprint
+from asrflow.workflow import dask_threads, launch_resources, per_attempt, stage_fingerprint
 from tests.conftest import make_config
 
 TRAIN = ["asrflow", "nnet", "--system", "dnn"]
@@ -76,6 +76,10 @@ def test_training_job_resources(tmp_path) -> None:
                                                "tasks_per_gpu": None}
     assert launch_resources(config, "wide") == {"nodes": 2, "tasks": 2, "mpi": "srun", "gres": "gpu:4",
                                                 "tasks_per_gpu": 0}
+
+
+def test_memory_and_time_grow_on_the_retry() -> None:
+    assert [per_attempt(4000)(None, attempt) for attempt in (1, 2, 3)] == [4000, 8000, 12000]
 
 
 def test_launch_settings_do_not_retrain(tmp_path) -> None:
