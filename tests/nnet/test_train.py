@@ -102,3 +102,20 @@ def test_schedules_warm_up_then_decay_or_newbob() -> None:
     assert newbob_update(bob, 1.5, 1.499, opts) and bob(100) == 0.5  # plateau: halve
     assert newbob_update(bob, 1.499, 1.6, opts) and bob.scale == 0.25  # worse: halve again
     assert not newbob_update(inv, 2.0, 2.0, opts)  # only newbob reacts
+
+
+def test_the_schedule_follows_the_data_whoever_reads_it() -> None:
+    """Ticks per max_frames of data: P learners sharing max_frames tick once per step each, as one
+    learner would; learners reading max_frames each are P steps ahead; the ASGD server applies P shares."""
+    from asrflow.nnet.train import Schedule
+    from asrflow.parallel.base import ParallelOptions
+
+    one = Schedule("warmup_invsqrt", 10)
+    for strategy in ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd"):
+        shared, own = ParallelOptions(strategy=strategy), ParallelOptions(strategy=strategy, batch="learner")
+        assert shared.schedule_ticks(2) == 1.0 and own.schedule_ticks(2) == 0.5 and shared.schedule_ticks(1) == 1.0
+    assert ParallelOptions(strategy="asgd").schedule_ticks(4, server=True) == 4.0
+    assert ParallelOptions(strategy="asgd", batch="learner").schedule_ticks(4, server=True) == 1.0
+    server, learner = Schedule("warmup_invsqrt", 10, ticks=4.0), Schedule("warmup_invsqrt", 10, ticks=0.5)
+    for step in (0, 5, 9, 40):
+        assert server(4 * step + 3) == one(step + 0.75) and learner(step) == one(2 * step)

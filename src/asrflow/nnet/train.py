@@ -57,16 +57,19 @@ class Schedule:
     """Learning-rate factor: linear warm-up, then inverse square-root decay (``warmup_invsqrt``)
     or constant with newbob halving on a held-out plateau (``newbob``).
 
+    Steps count ``nnet.train.max_frames`` of data, whoever read it: a holder that updates
+    ``ticks`` times per such step (an ASGD server taking each learner's share) or ``1/ticks``
+    (learners each reading ``max_frames``) steps its scheduler once per update all the same.
     A callable object, so ``LambdaLR.state_dict`` saves :attr:`scale` with the checkpoint.
     """
 
-    def __init__(self, kind: str, warmup: int) -> None:
+    def __init__(self, kind: str, warmup: int, ticks: float = 1.0) -> None:
         if kind not in ("warmup_invsqrt", "newbob"):
             raise ValueError(f"unknown learning-rate schedule {kind!r}")
-        self.kind, self.warmup, self.scale = kind, max(warmup, 1), 1.0
+        self.kind, self.warmup, self.scale, self.ticks = kind, max(warmup, 1), 1.0, ticks
 
-    def __call__(self, step: int) -> float:
-        step += 1
+    def __call__(self, tick: int) -> float:
+        step = tick / self.ticks + 1
         ramp = min(step / self.warmup, 1.0)
         if self.kind == "newbob":
             return ramp * self.scale
@@ -189,7 +192,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     torch.manual_seed(opts.seed + 7919 * rank)  # same initial model everywhere; own dropout masks per learner
     optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr * parallel.lr_factor(world),
                                   weight_decay=opts.weight_decay)
-    schedule = Schedule(opts.schedule, opts.warmup_steps)
+    schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(world))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     strategy = make_strategy(parallel, model, optimiser, scheduler, rank, world, device, opts.clip)
     sampler = BucketBatchSampler(train_set.lengths, parallel.learner_frames(opts.max_frames, world), opts.seed, rank,
@@ -246,8 +249,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
                 torch.cuda.synchronize(device)
             t2 = time.perf_counter()
             strategy.finish_step()
-            for _ in range(world):  # the schedule follows the data seen by all learners, not one learner's steps
-                scheduler.step()
+            scheduler.step()  # Schedule's ticks turn learner steps into steps of max_frames of data
             t3 = time.perf_counter()
             times = strategy.times
             times.data, times.calc = t1 - t0, t2 - t1

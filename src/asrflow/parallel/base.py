@@ -66,6 +66,21 @@ class ParallelOptions:
             return 1.0 / math.sqrt(world)
         return 1.0
 
+    def schedule_ticks(self, world: int, server: bool = False) -> float:
+        """Scheduler steps per ``max_frames`` of data read by all learners together.
+
+        With ``batch: global`` a learner step reads ``max_frames / P`` and the P learners
+        together read ``max_frames``: one tick per learner step, as one learner would. The
+        ASGD server (``server``) applies all P shares: P ticks. With ``batch: learner`` every
+        learner reads ``max_frames``: a learner step is P steps of data (1/P ticks), and each
+        gradient the server applies is one.
+        """
+        if world == 1:
+            return 1.0
+        if server:
+            return float(world) if self.batch == "global" else 1.0
+        return 1.0 if self.batch == "global" else 1.0 / world
+
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
             raise ParallelError(f"unknown parallel strategy {self.strategy!r}; known: {', '.join(STRATEGY_NAMES)}")

@@ -56,10 +56,10 @@ class EmulationResult:
 class _Learner:
     """One model with its own AdamW, learning-rate schedule and gradient clipping."""
 
-    def __init__(self, model: torch.nn.Module, opts: TrainOptions, advance: int = 1) -> None:
-        self.model, self.clip, self.advance = model, opts.clip, advance
+    def __init__(self, model: torch.nn.Module, opts: TrainOptions, ticks: float = 1.0) -> None:
+        self.model, self.clip = model, opts.clip
         self.optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-        self.schedule = Schedule(opts.schedule, opts.warmup_steps)
+        self.schedule = Schedule(opts.schedule, opts.warmup_steps, ticks)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
 
     def backward(self, batch: dict) -> float:
@@ -72,8 +72,7 @@ class _Learner:
         if clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimiser.step()
-        for _ in range(self.advance):  # as the trainer: the schedule follows the data all learners saw
-            self.scheduler.step()
+        self.scheduler.step()
 
 
 def _backward(model: torch.nn.Module, batch: dict) -> float:
@@ -129,8 +128,8 @@ class _AllReduce(_Emulator):
     """One model: gradients of all learners averaged (each compressed with error feedback), one update."""
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str,
-                 device: torch.device) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, n)]
+                 device: torch.device, ticks: float = 1.0) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks)]
         numel = sum(p.numel() for p in initial.parameters())
         self.senders = ([ErrorFeedback(make_compressor(compression), numel, device) for _ in range(n)]
                         if compression != "none" and n > 1 else None)
@@ -151,8 +150,9 @@ class _Ring(_Emulator):
     missed: the reference is the link's error feedback (a residual on top would count the error twice).
     """
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, n) for _ in range(n)]
+    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str,
+                 ticks: float = 1.0) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
         self.token = flat_params(initial)  # what the next holder receives
         self.compressor = make_compressor(compression) if compression != "none" and n > 1 else None
         self.references = [self.token.clone() for _ in range(n)]  # of link r → r+1
@@ -188,8 +188,8 @@ class _KAvg(_Emulator):
     the last average (with error feedback); the mean change is added to that common reference."""
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, compression: str,
-                 device: torch.device) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, n) for _ in range(n)]
+                 device: torch.device, ticks: float = 1.0) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
         self.k, self.steps, self.since_average = k, 0, 0
         self.reference = flat_params(initial)
         self.senders = ([ErrorFeedback(make_compressor(compression), self.reference.numel(), device)
@@ -229,9 +229,10 @@ class _ADPSGD(_Emulator):
     averages its members' gradients and shares one model and optimiser (all-reduce inside a node).
     """
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, group_size: int = 1) -> None:
+    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, group_size: int = 1,
+                 ticks: float = 1.0) -> None:
         self.group_size = group_size
-        self.learners = [_Learner(copy.deepcopy(initial), opts, n) for _ in range(n // group_size)]
+        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n // group_size)]
         self.rounds = 0  # counted across epochs: the pairing alternates with it
 
     def round(self, batches: list[dict]) -> float:
@@ -254,10 +255,11 @@ class _ADPSGD(_Emulator):
 class _ASGD(_Emulator):
     """Parameter server: worker r computes (and clips) a gradient on the server model as it last pulled it,
     pushes it, the server's AdamW applies it, and r pulls the new model. Workers push in rank order,
-    so a gradient is n-1 updates stale; the server's schedule steps once per applied gradient."""
+    so a gradient is n-1 updates stale; the server's schedule steps once per applied gradient
+    (``ticks`` of them per max_frames of data)."""
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts)]  # the server
+    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, ticks: float = 1.0) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks)]  # the server
         self.workers = [copy.deepcopy(initial) for _ in range(n)]
         self.clip = opts.clip
 
@@ -292,18 +294,19 @@ def _check(strategy: str, learners: int, k: int, group_size: int, compression: s
 
 
 def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, group_size: int,
-              compression: str, device: torch.device) -> _Emulator:
+              compression: str, device: torch.device, rule: ParallelOptions) -> _Emulator:
+    ticks = rule.schedule_ticks(n)  # the trainer's learning-rate schedule, per learner update
     if strategy == "allreduce":
-        return _AllReduce(initial, n, opts, compression, device)
+        return _AllReduce(initial, n, opts, compression, device, ticks)
     if strategy == "ring":
-        return _Ring(initial, n, opts, compression)
+        return _Ring(initial, n, opts, compression, ticks)
     if strategy == "kavg":
-        return _KAvg(initial, n, opts, k, compression, device)
+        return _KAvg(initial, n, opts, k, compression, device, ticks)
     if strategy == "adpsgd":
-        return _ADPSGD(initial, n, opts)
+        return _ADPSGD(initial, n, opts, ticks=ticks)
     if strategy == "hierarchical":
-        return _ADPSGD(initial, n, opts, group_size if n > 1 else 1)
-    return _ASGD(initial, n, opts)
+        return _ADPSGD(initial, n, opts, group_size if n > 1 else 1, ticks)
+    return _ASGD(initial, n, opts, rule.schedule_ticks(n, server=True))
 
 
 def _batch(dataset: FeatureDataset, indices: list[int], opts: TrainOptions, device: torch.device) -> dict:
@@ -345,7 +348,7 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     device = torch.device(device)
     torch.manual_seed(opts.seed)
     initial = build_model(model_config, train_set[0][1].shape[1], num_classes).to(device)
-    emulator = _emulator(strategy, initial, learners, opts, k, group_size, compression, device)
+    emulator = _emulator(strategy, initial, learners, opts, k, group_size, compression, device, rule)
     steps, last = 0, float("inf")
     valid_loss, valid_acc = float("inf"), 0.0
     for epoch in range(opts.epochs):

@@ -26,12 +26,15 @@ PUSH, DONE = 0.0, 1.0
 class ParameterServer:
     """The server's model, optimiser and learning-rate schedule, guarded by a lock."""
 
-    def __init__(self, model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any, clip: float) -> None:
+    def __init__(self, model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any, clip: float,
+                 ticks: float = 1.0) -> None:
         self.model = copy.deepcopy(model)
         accepted = inspect.signature(type(optimiser)).parameters
         self.optimiser = type(optimiser)(self.model.parameters(),
                                          **{k: v for k, v in optimiser.defaults.items() if k in accepted})
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, copy.deepcopy(scheduler.lr_lambdas[0]))
+        schedule = copy.deepcopy(scheduler.lr_lambdas[0])
+        schedule.ticks = ticks  # gradients applied per max_frames of data (ParallelOptions.schedule_ticks)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, schedule)
         self.lock = threading.Lock()
         self.updates = 0
 
@@ -65,7 +68,8 @@ class ASGD(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.numel = sum(p.numel() for p in self.model.parameters())
-        self.server = ParameterServer(self.model, self.optimiser, self.scheduler, self.clip) if self.rank == 0 else None
+        self.server = (ParameterServer(self.model, self.optimiser, self.scheduler, self.clip,
+                                       self.opts.schedule_ticks(self.world, server=True)) if self.rank == 0 else None)
         self.group = dist.new_group(backend="gloo") if self.world > 1 else None
         self.thread: threading.Thread | None = None
         self.failure: BaseException | None = None
