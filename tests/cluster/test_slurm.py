@@ -116,6 +116,8 @@ def test_dask_workers_were_slurm_jobs(slurm_run: tuple[Path, str], slurm: Path) 
         for job_id in found.group(1).split():
             assert jobs[job_id]["Name"] == "asrflow-dask" and jobs[job_id]["Partition"] == "cpu", jobs[job_id]
         assert "Dask scheduler tcp://127.0.0.1:" in text  # the scheduler stays on loopback
+    assert list((workdir / ".snakemake" / "slurm_logs" / "dask").iterdir())  # the worker jobs' output
+    assert not list(workdir.glob("slurm-*.out"))  # none left in the working directory
 
 
 def test_training_ran_through_srun_and_torchrun(slurm_run: tuple[Path, str]) -> None:

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from tqdm import tqdm
@@ -114,7 +115,10 @@ def slurm_cluster(dask_cfg: dict[str, Any]) -> Any:
     except ImportError as err:  # pragma: no cover - a dependency of the package
         raise RuntimeError("dask.cluster is 'slurm' but dask-jobqueue is not installed "
                            "(pip install dask-jobqueue)") from err
-    return SLURMCluster(**slurm_options(dask_cfg))
+    options = slurm_options(dask_cfg)
+    if options["log_directory"]:  # made here: stages starting together would race in dask-jobqueue's makedirs
+        Path(options["log_directory"]).mkdir(parents=True, exist_ok=True)
+    return SLURMCluster(**options)
 
 
 def wait_for_slurm_workers(client: Any, cluster: Any, slurm: dict[str, Any], log=print) -> None:
