@@ -10,7 +10,6 @@ from asrflow.workflow import (
     nnet_inputs,
     optional_args,
     parallel_study_targets,
-    parallel_settings,
     per_attempt,
     compare_targets,
     pipeline_finished,

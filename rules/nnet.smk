@@ -16,10 +16,6 @@ rule nnet:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
-        learners=lambda wildcards: parallel_settings(config, wildcards.system)["learners"],
-        nodes=lambda wildcards: parallel_settings(config, wildcards.system)["nodes"],
-        launcher=lambda wildcards: parallel_settings(config, wildcards.system)["launcher"],
-        port=lambda wildcards: parallel_settings(config, wildcards.system)["port"] or 0,
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "lang"),
     threads: workflow.cores
@@ -38,7 +34,7 @@ rule nnet:
     conda:
         "../envs/gpu.yaml"
     shell:
-        "asrflow launch --learners {params.learners} --nodes {params.nodes} --launcher {params.launcher}"
-        " --port {params.port} -- asrflow nnet --config {params.config} --system {wildcards.system} --train {wildcards.train}"
+        # nodes, launcher and port come from the config, not params: moving onto a cluster reruns nothing
+        "asrflow launch --config {params.config} --system {wildcards.system} -- asrflow nnet --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --data {input.data} --features {input.features} {params.optional} --state {params.state}"
         " --threads {threads} --out {output} > {log} 2>&1"

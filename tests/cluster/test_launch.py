@@ -109,3 +109,19 @@ def test_dask_on_slurm_options(tmp_path) -> None:
     with_interface = make_config(tmp_path, dask={"cluster": "slurm", "slurm": {"interface": "lo"}})
     assert slurm_options(with_interface["dask"])["interface"] == "lo"
     assert dask_threads(make_config(tmp_path), 8) == 8
+
+
+def test_the_rule_passes_the_config_not_the_launch_settings(tmp_path) -> None:
+    """nnet.smk gives asrflow launch the resolved config: its launch settings are no Snakemake params."""
+    import yaml
+
+    config = make_config(tmp_path, nnet={"parallel": {"strategy": "ring", "learners": 2},
+                                         "models": {"dnn": {"type": "dnn", "parallel": {"learners": 4}}}})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([sys.executable, "-m", "asrflow.cli", "launch", "--config", str(path), "--system", "dnn",
+                          "--dry-run", "--", "asrflow", "nnet"], capture_output=True, text=True, check=True)
+    assert "torchrun --nnodes 1 --nproc-per-node 4" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "asrflow.cli", "launch", "--config", str(path), "--system", "dnx",
+                          "--", "true"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "'dnx' is not a network" in bad.stderr and "Traceback" not in bad.stderr

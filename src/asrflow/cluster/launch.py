@@ -143,6 +143,23 @@ def launch_command(command: Sequence[str], learners: int, nodes: int = 1, launch
     return [*srun_args(nodes, env), *torchrun_args(nproc, nodes, endpoint, run_id), *command]
 
 
+def launch_settings(config_path: str, system: str) -> dict:
+    """``nnet.parallel`` of a resolved config file with network ``system``'s overrides.
+
+    Read by the launcher itself rather than passed by the rule as params, so that where the
+    learners run never makes Snakemake rerun the training (params are a rerun trigger).
+    """
+    import yaml
+
+    from asrflow.workflow import parallel_settings
+
+    with open(config_path, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    if system not in config.get("nnet", {}).get("models", {}):
+        raise LaunchError(f"{system!r} is not a network of nnet.models in {config_path}")
+    return parallel_settings(config, system)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``asrflow launch [options] -- COMMAND...``: print the launch command, then become it."""
     parser = argparse.ArgumentParser(prog="asrflow launch", description=__doc__.splitlines()[0])
@@ -150,15 +167,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1, help="nodes they span (one torchrun per node)")
     parser.add_argument("--launcher", default="auto", choices=LAUNCHERS)
     parser.add_argument("--port", type=int, default=None, help="rendezvous port on the first node (srun)")
+    parser.add_argument("--config", help="a resolved config: take the four settings above from its "
+                        "nnet.parallel (with --system's overrides) instead")
+    parser.add_argument("--system", help="with --config: the network of nnet.models")
     parser.add_argument("--dry-run", action="store_true", help="print the command and stop")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no training command after --")
+    if args.config and not args.system:
+        parser.error("--config needs --system")
     try:
+        if args.config:
+            settings = launch_settings(args.config, args.system)
+            args.learners, args.nodes, args.launcher, args.port = (settings[k] for k in ("learners", "nodes",
+                                                                                         "launcher", "port"))
         line = launch_command(command, args.learners, args.nodes, args.launcher, args.port)
-    except LaunchError as err:
+    except (LaunchError, OSError) as err:
         print(f"asrflow: error: {err}", file=sys.stderr)
         return 1
     print(f"asrflow launch: {shlex.join(line)}", file=sys.stderr, flush=True)
