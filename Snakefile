@@ -7,6 +7,7 @@ from asrflow.workflow import (
     launch_resources,
     network_systems,
     nnet_decode_inputs,
+    nnet_tune_inputs,
     nnet_inputs,
     optional_args,
     parallel_study_targets,

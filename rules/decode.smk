@@ -1,5 +1,7 @@
 # Decoding graphs (HCLG per GMM system) and decoding of the test splits on Dask:
 # GMM-HMMs and hybrid networks through HCLG, CTC networks by prefix beam search.
+# A network's decoder settings are first tuned on its held-out training utterances
+# (nnet.decode.tune), never on a test set.
 
 
 rule graph:
@@ -60,7 +62,7 @@ rule decode_nnet:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "decode_nnet", system=wildcards.system),
-        optional=lambda wildcards, input: optional_args(input, "gmm", "graph"),
+        optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "tune"),
     threads: dask_threads(config, workflow.cores)
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
@@ -70,5 +72,30 @@ rule decode_nnet:
         "../envs/cpu.yaml"
     shell:
         "asrflow decode --config {params.config} --system {wildcards.system} --test {wildcards.test}"
+        " --model {input.model} --data {input.data} --features {input.features} --lang {input.lang}"
+        " {params.optional} --out {output} --workers {threads} > {log} 2>&1"
+
+
+rule tune_nnet:
+    input:
+        unpack(lambda wildcards: nnet_tune_inputs(config, wildcards.train, wildcards.system)),
+    output:
+        directory(f"{RESULTS}/tune/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system=system_pattern(network_systems(config)),
+    params:
+        config=RESOLVED,
+        fingerprint=lambda wildcards: stage_fingerprint(config, "tune", system=wildcards.system),
+        optional=lambda wildcards, input: optional_args(input, "gmm", "graph"),
+    threads: dask_threads(config, workflow.cores)
+    log:
+        f"{RESULTS}/logs/tune.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/tune.{{train}}.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow tune --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --model {input.model} --data {input.data} --features {input.features} --lang {input.lang}"
         " {params.optional} --out {output} --workers {threads} > {log} 2>&1"

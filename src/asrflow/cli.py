@@ -189,10 +189,32 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
                                     args.out, client, log=_log)
             else:
+                from asrflow.decode.tune import tuned_settings
+
+                tuned = tuned_settings(args.tune)
+                run.log_params({f"decode.{k}": v for k, v in tuned.items()})
                 info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
                                          args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
-                                         log=_log)
+                                         tuned=tuned, log=_log)
         run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"])})
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.decode.tune import tune_network
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"tune-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
+        run.set_tags({"asrflow.system": args.system})
+        with dask_client(config["dask"], args.workers, log=_log) as client:
+            info = tune_network(config, args.system, args.model, args.data, args.features, args.lang, args.train,
+                                args.out, client, gmm_dir=args.gmm, graph_dir=args.graph, log=_log)
+        run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
+        run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
+                         "held_out_words": info["words"], "grid_points": len(info["grid"])})
+        run.log_artifact(args.out)
     return 0
 
 
@@ -336,8 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--graph", help="HCLG folder (GMM and hybrid systems)")
     p.add_argument("--gmm", help="GMM system folder (hybrid networks: transition model)")
+    p.add_argument("--tune", help="tune stage folder of the network (its tune.json replaces the configured settings)")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_decode)
+
+    p = with_config(sub.add_parser("tune", help="choose a network's decoder settings on its held-out utterances"))
+    for name in ("system", "train", "model", "data", "features", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--graph", help="HCLG folder (hybrid networks)")
+    p.add_argument("--gmm", help="GMM system folder (hybrid networks: transition model)")
+    p.add_argument("--workers", type=int, default=None)
+    p.set_defaults(func=cmd_tune)
 
     p = with_config(sub.add_parser("score", help="score a decoded test split"))
     for name in ("system", "test", "data", "decode", "lang", "out"):

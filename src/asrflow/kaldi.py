@@ -8,12 +8,14 @@ Importing kaldifst, kaldilm or kaldi_decoder before kaldi_hmm_gmm hangs (see
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import kaldi_hmm_gmm as khg  # noqa: I001  (must come first)
 import _kaldi_hmm_gmm as khg_ext  # loaded by kaldi_hmm_gmm; holds mle_diag_gmm_update
 import kaldifst as kfst
 import kaldilm
 
-__all__ = ["fst_arcs", "kaldilm", "kfst", "khg", "khg_ext", "map_input_labels"]
+__all__ = ["add_word_penalty", "fst_arcs", "kaldilm", "kfst", "khg", "khg_ext", "map_arcs", "map_input_labels"]
 
 
 def fst_arcs(fst) -> list[tuple[int, int, int, float, int]]:
@@ -31,14 +33,12 @@ def fst_arcs(fst) -> list[tuple[int, int, int, float, int]]:
     return out
 
 
-def map_input_labels(fst, labels: set[int]):
-    """A copy of ``fst`` whose input labels in ``labels`` become epsilon (``fstrmsymbols``)."""
+def map_arcs(fst, arc: Callable[[object], object]):
+    """A copy of ``fst`` (same states, start and finals) with every arc replaced by ``arc(a)``."""
     out = kfst.StdVectorFst()
     states = kfst.StateIterator(fst)
-    count = 0
     while not states.done:
         out.add_state()
-        count += 1
         states.next()
     out.start = fst.start
     states = kfst.StateIterator(fst)
@@ -47,8 +47,24 @@ def map_input_labels(fst, labels: set[int]):
         out.set_final(s, fst.final(s))
         arcs = kfst.ArcIterator(fst, s)
         while not arcs.done:
-            a = arcs.value
-            out.add_arc(s, kfst.StdArc(0 if a.ilabel in labels else a.ilabel, a.olabel, a.weight, a.nextstate))
+            out.add_arc(s, arc(arcs.value))
             arcs.next()
         states.next()
     return out
+
+
+def map_input_labels(fst, labels: set[int]):
+    """A copy of ``fst`` whose input labels in ``labels`` become epsilon (``fstrmsymbols``)."""
+    return map_arcs(fst, lambda a: kfst.StdArc(0 if a.ilabel in labels else a.ilabel, a.olabel, a.weight,
+                                               a.nextstate))
+
+
+def add_word_penalty(fst, penalty: float):
+    """A copy of ``fst`` with ``penalty`` added to the cost of every arc that outputs a word.
+
+    Kaldi's ``lattice-add-penalty --word-ins-penalty``, applied to the graph: a decoder then
+    pays ``penalty`` per output word on top of the LM cost, which trades insertions for deletions.
+    """
+    return map_arcs(fst, lambda a: kfst.StdArc(a.ilabel, a.olabel,
+                                               kfst.TropicalWeight(a.weight.value + penalty) if a.olabel else a.weight,
+                                               a.nextstate))

@@ -33,6 +33,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
              "nnet.models.{system}"),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
+    "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
 }
 
 GMM_SYSTEMS = ("mono", "tri")
@@ -109,11 +110,19 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
     return inputs
 
 
-def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
-    """Inputs of decoding ``test`` with network ``system``: the network and what it was trained with."""
-    train = train_split(test)
+def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """Inputs of tuning network ``system``'s decoder: the network and what it was trained with."""
     inputs = nnet_inputs(config, train, system)
     inputs["model"] = f"{results_dir(config)}/nnet/{train}/{system}"
+    return inputs
+
+
+def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
+    """Inputs of decoding ``test`` with network ``system``: the tune inputs, and the tuned settings when enabled."""
+    train = train_split(test)
+    inputs = nnet_tune_inputs(config, train, system)
+    if config["nnet"]["decode"]["tune"]["enabled"]:
+        inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
     return inputs
 
 

@@ -25,7 +25,10 @@ def test_hybrid_decode_options_fall_back_to_the_gmm_settings() -> None:
     from asrflow.nnet.hybrid import decode_options
 
     gmm = {"beam": 13.0, "max_active": 7000, "lattice_beam": 6.0}
-    opts = decode_options({"acoustic_scale": 0.1, "graph_beam": None, "max_active": None}, gmm)
-    assert (opts.beam, opts.max_active, opts.acoustic_scale) == (13.0, 7000, 0.1)
-    opts = decode_options({"acoustic_scale": 0.1, "graph_beam": 8.0, "max_active": 1000}, gmm)
+    opts = decode_options({"acoustic_scale": 0.1, "insertion_penalty": 0.0, "graph_beam": None, "max_active": None},
+                          gmm)
+    assert (opts.beam, opts.max_active, opts.acoustic_scale, opts.insertion_penalty) == (13.0, 7000, 0.1, 0.0)
+    opts = decode_options({"acoustic_scale": 0.1, "insertion_penalty": 2.0, "graph_beam": 8.0, "max_active": 1000},
+                          gmm)
+    assert opts.insertion_penalty == 2.0
     assert (opts.beam, opts.max_active, opts.lattice_beam) == (8.0, 1000, 6.0)

@@ -54,6 +54,7 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     systems = ("mono", "tri", *NETWORKS)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
                          "gmm-mono-train", "gmm-tri-train", *[f"nnet-{s}-train" for s in NETWORKS],
+                         *[f"tune-{s}-train" for s in NETWORKS],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
     assert len(history) == 40 and history[-1].value > history[1].value
@@ -82,15 +83,15 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     planned = jobs_planned(out.stdout)
     # fbank feeds the networks only: the GMM side (mfcc) stays as it is
-    assert planned == {"features", "nnet", "decode_nnet", "score", "compare", "all"}, out.stdout
+    assert planned == {"features", "nnet", "tune_nnet", "decode_nnet", "score", "compare", "all"}, out.stdout
     outputs = re.findall(r"^\s+output: (\S+)", out.stdout, flags=re.M)
     assert "results/yesno/features/fbank" in outputs and "results/yesno/features/mfcc" not in outputs
     assert not any("/gmm/" in o or "/decode/tri/" in o for o in outputs), out.stdout
     # a corpus option reruns the data stage and everything after it
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
-    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "decode", "nnet", "decode_nnet",
-                                        "score", "compare", "all"}
+    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "decode", "nnet", "tune_nnet",
+                                        "decode_nnet", "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 
@@ -124,6 +125,11 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
         assert saved["objective"] == ("ctc" if system == "ctc" else "hybrid")
         assert not (res / "nnet_state" / "train" / system).exists()  # training state removed when done
+        tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
+        assert tune["utterances"] == manifest["valid_utterances"] and tune["chosen"] in [
+            {k: g[k] for k in tune["axes"]} for g in tune["grid"]]
+        decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
+        assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     # measured: 2-4 errors each, all insertions (README); the GMM triphone gets 0
     assert all(e <= 8 for e in errors.values()), errors
     assert min(errors.values()) <= 3, errors

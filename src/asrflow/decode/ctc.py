@@ -122,15 +122,28 @@ def decode_shard(shard: Shard, network_path: str, lm_path: str | None, opts: Sea
 
     The shard's forward passes run in padded batches; the RTF covers them and the search.
     """
+    return decode_shard_settings(shard, network_path, lm_path, [opts])[0]
+
+
+def decode_shard_settings(shard: Shard, network_path: str, lm_path: str | None,
+                          settings: list[SearchOptions]) -> list[DecodeResult]:
+    """The shard searched once per setting, from one forward pass (a tuning grid)."""
     network, header = cached_network(network_path)
     units = Units(header["units"].numpy().tobytes())
     lm = _lm(lm_path)
     start = time.perf_counter()
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
-    hyps = {utt: prefix_beam_search(p, units.pieces, units.word_start, lm, opts)
-            for utt, p in zip(shard.utts, posteriors)}
-    return DecodeResult(hyps, [], sum(x.shape[0] for x in feats), time.perf_counter() - start)
+    forward = time.perf_counter() - start
+    frames = sum(x.shape[0] for x in feats)
+    results = []
+    for opts in settings:
+        begin = time.perf_counter()
+        use = lm if opts.lm_weight > 0 else None
+        hyps = {utt: prefix_beam_search(p, units.pieces, units.word_start, use, opts)
+                for utt, p in zip(shard.utts, posteriors)}
+        results.append(DecodeResult(hyps, [], frames, forward + time.perf_counter() - begin))
+    return results
 
 
 _LMS: dict[str, ArpaLM] = {}

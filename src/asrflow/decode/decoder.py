@@ -1,7 +1,8 @@
 """Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-latgen-faster``, 1-best).
 
-Workers cache the graph by path and modification time; each task reports the decoding
-time so the real-time factor excludes graph loading.
+Workers cache the graph by path and modification time (and the word insertion penalty
+folded into it); each task reports the decoding time so the real-time factor excludes graph
+loading.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import numpy as np
 
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
-from asrflow.kaldi import kfst, khg
+from asrflow.kaldi import add_word_penalty, kfst, khg
 
 _GRAPHS: dict[tuple, object] = {}
+_PENALISED: dict[str, object] = {}
 
 
 @dataclass
@@ -27,6 +29,7 @@ class DecodeOptions:
     max_active: int = 7000
     lattice_beam: float = 6.0
     acoustic_scale: float = 0.1
+    insertion_penalty: float = 0.0  # added to the graph cost of every output word
     frame_shift: float = 0.01
 
 
@@ -38,9 +41,18 @@ class DecodeResult:
     seconds: float
 
 
-def _graph(path: str) -> tuple[object, list[str]]:
-    """The graph and its word list (``words.txt`` beside it), cached per worker."""
+def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
+    """The graph (with ``penalty`` per output word) and its word list (``words.txt`` beside it), cached per worker.
+
+    Besides the graph as read, one penalised copy is kept: a tuning grid walks the
+    penalties one after the other.
+    """
     key = (path, os.stat(path).st_mtime_ns)
+    if penalty:
+        graph, id2word = _graph(path)
+        if _PENALISED.get("key") != (key, penalty):
+            _PENALISED.update(key=(key, penalty), graph=add_word_penalty(graph, penalty))
+        return _PENALISED["graph"], id2word
     if key not in _GRAPHS:
         words = {}
         for line in (Path(path).parent / "words.txt").read_text(encoding="utf-8").splitlines():
@@ -59,7 +71,7 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
     pseudo-log-likelihoods. An utterance with no surviving path gets a partial result.
     """
     config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active, lattice_beam=opts.lattice_beam)
-    graph, id2word = _graph(graph_path)
+    graph, id2word = _graph(graph_path, opts.insertion_penalty)
     decoder = khg.LatticeFasterDecoder(graph, config)
     hyps, failed, total = {}, [], 0
     start = time.perf_counter()

@@ -74,8 +74,14 @@ def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float,
 def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
                       feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
                       gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
-                      log=print) -> dict[str, Any]:
-    """Decode split ``test`` with network ``system``: hybrid through the GMM's HCLG, CTC by prefix beam search."""
+                      tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
+    """Decode split ``test`` with network ``system``: hybrid through the GMM's HCLG, CTC by prefix beam search.
+
+    ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty,
+    or LM weight and word bonus.
+    """
+    from dataclasses import replace
+
     from asrflow.decode import ctc
     from asrflow.nnet import NnetError, hybrid
 
@@ -89,20 +95,22 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
     if objective == "hybrid":
         if gmm_dir is None or graph_dir is None:
             raise NnetError(f"hybrid network {system!r} needs --gmm and --graph to decode")
-        opts = hybrid.decode_options(dcfg, config["decode"])
+        opts = replace(hybrid.decode_options(dcfg, config["decode"]), **(tuned or {}))
         priors = np.load(Path(net_dir) / "priors.npy")
         blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
         graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
         results = run_sharded(client, hybrid.decode_shard, shards, network, priors, blob, graph_path, opts,
                               units=[len(s.utts) for s in shards], desc=f"decode-{system}-{test}",
                               retries=config["dask"]["retries"])
-        settings = {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam, "max_active": opts.max_active}
+        settings = {"acoustic_scale": opts.acoustic_scale, "insertion_penalty": opts.insertion_penalty,
+                    "beam": opts.beam, "max_active": opts.max_active}
     else:
-        search = ctc.SearchOptions(beam=dcfg["beam"], lm_weight=dcfg["lm_weight"], word_bonus=dcfg["word_bonus"],
-                                   prune=dcfg["prune"])
+        search = replace(ctc.SearchOptions(beam=dcfg["beam"], lm_weight=dcfg["lm_weight"],
+                                           word_bonus=dcfg["word_bonus"], prune=dcfg["prune"]), **(tuned or {}))
         lm = str(Path(lang_dir).resolve() / "lm.arpa") if search.lm_weight > 0 else None
         results = run_sharded(client, ctc.decode_shard, shards, network, lm, search,
                               units=[len(s.utts) for s in shards], desc=f"decode-{system}-{test}",
                               retries=config["dask"]["retries"])
         settings = {"beam": search.beam, "lm_weight": search.lm_weight, "word_bonus": search.word_bonus}
+    settings["tuned"] = bool(tuned)
     return write_decode(out, test, results, time.perf_counter() - start, {"system": system, **settings}, log)

@@ -16,8 +16,9 @@ from asrflow.lang.lexicon import OOV_WORD
 
 
 def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, split: str,
-                 shard_utts: int, deltas: int = 2) -> list[Shard]:
-    """Shards of ``split`` (sorted utterances with features), transcripts as word ids (OOV → ``<unk>``)."""
+                 shard_utts: int, deltas: int = 2, only: set[str] | None = None) -> list[Shard]:
+    """Shards of ``split`` (sorted utterances with features, those in ``only`` if given), transcripts as word ids
+    (OOV → ``<unk>``)."""
     data_dir, feats_dir = Path(data_dir), Path(feats_dir)
     text = read_table(data_dir / split / "text")
     utt2spk = read_table(data_dir / split / "utt2spk")
@@ -25,7 +26,7 @@ def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Pa
     cmvn = {spk: mat for spk, mat in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items()}
     words = read_symbols(Path(lang_dir) / "words.txt")
     oov = words[OOV_WORD]
-    utts = [u for u in sorted(text) if u in scp]
+    utts = [u for u in sorted(text) if u in scp and (only is None or u in only)]
     identity = zlib.crc32("".join(f"{u}{scp[u]}" for u in utts).encode())
     out = []
     for i, group in enumerate(shard(utts, shard_utts)):

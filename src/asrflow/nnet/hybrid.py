@@ -22,7 +22,8 @@ def decode_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
     """Lattice-faster settings of a hybrid: ``nnet.decode`` beam and active states, else the GMM's ``decode``."""
     return DecodeOptions(beam=nnet_decode.get("graph_beam") or graph_decode["beam"],
                          max_active=nnet_decode.get("max_active") or graph_decode["max_active"],
-                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["acoustic_scale"])
+                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["acoustic_scale"],
+                         insertion_penalty=nnet_decode["insertion_penalty"])
 
 
 def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8) -> np.ndarray:
@@ -46,15 +47,24 @@ def decode_shard(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: 
 
     The shard's forward passes run in padded batches; the RTF includes them.
     """
+    return decode_shard_settings(shard, network_path, priors, gmm_blob, graph_path, [opts])[0]
+
+
+def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
+                          settings: list[DecodeOptions]) -> list[DecodeResult]:
+    """The shard decoded once per decoder setting, from one forward pass (a tuning grid)."""
     network, _ = cached_network(network_path)
     gmm = GmmModel.from_bytes(gmm_blob)
     start = time.perf_counter()
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
     forward = time.perf_counter() - start
-    items = [(utt, x.shape[0], lambda p=p: khg.DecodableCtc(transition_loglikes(p, priors, gmm.tid2pdf,
-                                                                                 opts.acoustic_scale)))
-             for utt, x, p in zip(shard.utts, feats, posteriors)]
-    result = decode_all(graph_path, gmm.tm, opts, items)
-    result.seconds += forward
-    return result
+    results = []
+    for opts in settings:
+        items = [(utt, x.shape[0], lambda p=p, scale=opts.acoustic_scale:
+                  khg.DecodableCtc(transition_loglikes(p, priors, gmm.tid2pdf, scale)))
+                 for utt, x, p in zip(shard.utts, feats, posteriors)]
+        result = decode_all(graph_path, gmm.tm, opts, items)
+        result.seconds += forward
+        results.append(result)
+    return results

@@ -74,6 +74,12 @@ def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
     return {sorted(utterances)[i] for i in order[:count]}
 
 
+def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_split: str) -> set[str]:
+    """The training utterances every network of ``config`` holds out of training (early stopping, decoder tuning)."""
+    utts = sorted(read_table(Path(data_dir) / train_split / "text"))
+    return held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
+
+
 def hybrid_targets(gmm_dir: Path) -> Targets:
     """Tied-state (pdf) ids per frame from the GMM alignments, and their log priors."""
     from asrflow.gmm.model import GmmModel
@@ -105,7 +111,7 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     else:
         targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"])
     utts = sorted(read_table(data_dir / train_split / "text"))
-    valid_utts = held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
+    valid_utts = held_out_utterances(config, data_dir, train_split)
     subsampling = model.get("subsampling", 1)
 
     def dataset(keep: set[str]) -> FeatureDataset:

@@ -1,0 +1,136 @@
+"""Decoder settings tuned per network on its held-out utterances.
+
+Kaldi's ``score.sh`` sweeps the LM weight and the word insertion penalty and reports the
+best WER on the test set itself. Here the sweep runs on the utterances each network held
+out of training (``nnet.valid_fraction`` of the training split, used so far only for early
+stopping), and the test sets are decoded once, with the winner:
+
+- hybrid networks: ``acoustic_scale`` × ``insertion_penalty`` through the HCLG;
+- CTC networks: ``lm_weight`` × ``word_bonus`` in the prefix beam search.
+
+One forward pass per shard serves the whole grid. Held-out sets are small, so several
+settings often tie on errors; the tie goes to the setting whose grid neighbours make the
+fewest errors, and then to the middle of what is still tied (a flat optimum's centre rather
+than its edge).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrflow.data.datadir import read_table
+from asrflow.score.wer import score_corpus
+
+AXES = {"hybrid": ("acoustic_scale", "insertion_penalty"), "ctc": ("lm_weight", "word_bonus")}
+
+
+def grid_points(tune: dict[str, Any], axes: tuple[str, ...]) -> list[dict[str, float]]:
+    """Every combination of the listed values of ``axes``, first axis slowest (row-major)."""
+    return [dict(zip(axes, values)) for values in itertools.product(*(tune[a] for a in axes))]
+
+
+def neighbourhood_mean(errors: np.ndarray) -> np.ndarray:
+    """Mean of each grid point's errors and its neighbours' (±1 along every axis, clipped at the edges)."""
+    out = np.empty(errors.shape)
+    for index in np.ndindex(errors.shape):
+        window = tuple(slice(max(0, i - 1), i + 2) for i in index)
+        out[index] = errors[window].mean()
+    return out
+
+
+def choose(errors: list[int], shape: tuple[int, ...]) -> int:
+    """Row-major index of the chosen grid point.
+
+    Fewest errors; among those, the best neighbourhood mean; among those, the one nearest
+    (in grid steps) to their centroid; then the first.
+    """
+    grid = np.asarray(errors, dtype=float).reshape(shape)
+    smooth = neighbourhood_mean(grid).ravel()
+    flat = grid.ravel()
+    tied = np.flatnonzero(flat == flat.min())
+    tied = tied[smooth[tied] == smooth[tied].min()]
+    coords = np.array(np.unravel_index(tied, shape)).T
+    distance = np.abs(coords - coords.mean(axis=0)).sum(axis=1)
+    return int(tied[np.lexsort((tied, distance))[0]])
+
+
+def hypotheses(results: list[list[Any]], setting: int) -> dict[str, str]:
+    """Words of every utterance decoded with setting number ``setting`` (results: per shard, per setting)."""
+    return {utt: " ".join(words) for per_shard in results for utt, words in per_shard[setting].hyps.items()}
+
+
+def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
+                 feats_dir: str | Path, lang_dir: str | Path, train_split: str, out_dir: str | Path, client: Any,
+                 gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
+                 log=print) -> dict[str, Any]:
+    """Decode network ``system``'s held-out utterances over the tuning grid; write ``tune.json`` and ``grid.tsv``.
+
+    ``tune.json`` holds ``chosen`` (the settings the test sets are decoded with), its held-out
+    errors and WER, and the whole grid.
+    """
+    from asrflow.cluster import broadcast, run_sharded
+    from asrflow.decode import ctc
+    from asrflow.gmm.model import GmmModel
+    from asrflow.gmm.shards import split_shards
+    from asrflow.nnet import NnetError, hybrid
+    from asrflow.nnet.stage import held_out_utterances
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dcfg = config["nnet"]["decode"]
+    objective = config["nnet"]["models"][system]["objective"]
+    axes = AXES[objective]
+    points = grid_points(dcfg["tune"], axes)
+    held_out = held_out_utterances(config, data_dir, train_split)
+    shards = split_shards(data_dir, feats_dir, lang_dir, train_split, dcfg["shard_utts"], deltas=0, only=held_out)
+    if not shards:
+        raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
+    network = str(Path(net_dir).resolve() / "final.pt")
+    units = [len(s.utts) for s in shards]
+    if objective == "hybrid":
+        if gmm_dir is None or graph_dir is None:
+            raise NnetError(f"hybrid network {system!r} needs --gmm and --graph to tune its decoder")
+        base = hybrid.decode_options(dcfg, config["decode"])
+        priors = np.load(Path(net_dir) / "priors.npy")
+        blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
+        graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
+        results = run_sharded(client, hybrid.decode_shard_settings, shards, network, priors, blob, graph_path,
+                              [replace(base, **p) for p in points], units=units, desc=f"tune-{system}",
+                              retries=config["dask"]["retries"])
+    else:
+        base = ctc.SearchOptions(beam=dcfg["beam"], lm_weight=dcfg["lm_weight"], word_bonus=dcfg["word_bonus"],
+                                 prune=dcfg["prune"])
+        lm = str(Path(lang_dir).resolve() / "lm.arpa")
+        results = run_sharded(client, ctc.decode_shard_settings, shards, network, lm,
+                              [replace(base, **p) for p in points], units=units, desc=f"tune-{system}",
+                              retries=config["dask"]["retries"])
+    texts = read_table(Path(data_dir) / train_split / "text")
+    refs = {utt: texts[utt] for s in shards for utt in s.utts}
+    grid = []
+    for j, point in enumerate(points):
+        summary, _ = score_corpus(refs, hypotheses(results, j))
+        grid.append({**point, "errors": summary["errors"], "wer": summary["wer"]})
+    best = choose([g["errors"] for g in grid], tuple(len(dcfg["tune"][a]) for a in axes))
+    info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
+            "words": sum(len(t.split()) for t in refs.values()), "axes": list(axes),
+            "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
+    (out / "tune.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
+        "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
+    log(f"{system}: {len(points)} decoder settings on {info['utterances']} held-out utterances "
+        f"({info['words']} words): errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
+        f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")
+    return info
+
+
+def tuned_settings(tune_dir: str | Path | None) -> dict[str, float]:
+    """The settings chosen by :func:`tune_network` (none when ``tune_dir`` is None)."""
+    if tune_dir is None:
+        return {}
+    return json.loads((Path(tune_dir) / "tune.json").read_text())["chosen"]

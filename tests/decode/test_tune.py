@@ -1,0 +1,69 @@
+"""Decoder tuning on held-out utterances: the grid, the choice among ties, the word insertion penalty."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from asrflow.decode.tune import choose, grid_points, neighbourhood_mean, tuned_settings
+from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
+
+
+def test_grid_is_row_major_over_the_axes() -> None:
+    points = grid_points({"acoustic_scale": [0.1, 0.2], "insertion_penalty": [0.0, 1.0, 2.0], "lm_weight": [9]},
+                         ("acoustic_scale", "insertion_penalty"))
+    assert points[:4] == [{"acoustic_scale": 0.1, "insertion_penalty": 0.0},
+                          {"acoustic_scale": 0.1, "insertion_penalty": 1.0},
+                          {"acoustic_scale": 0.1, "insertion_penalty": 2.0},
+                          {"acoustic_scale": 0.2, "insertion_penalty": 0.0}]
+    assert len(points) == 6
+
+
+def test_the_fewest_errors_win() -> None:
+    errors = [5, 4, 3,
+              2, 1, 6,
+              7, 8, 9]
+    assert choose(errors, (3, 3)) == 4
+
+
+def test_a_tie_goes_to_the_better_neighbourhood() -> None:
+    # (0, 0) and (2, 2) both make 1 error; (2, 2) sits among 2s, (0, 0) among 9s
+    errors = [1, 9, 9,
+              9, 9, 2,
+              9, 2, 1]
+    assert choose(errors, (3, 3)) == 8
+
+
+def test_a_flat_optimum_is_left_at_its_middle() -> None:
+    errors = [0] * 5 + [3]
+    assert neighbourhood_mean(np.array(errors, dtype=float).reshape(6, 1))[1, 0] == 0
+    assert choose(errors, (6, 1)) == 1  # 0..3 tie on errors and neighbourhood; 1 and 2 are nearest the middle
+    assert choose([2, 2, 2], (3,)) == 1
+    assert choose([4], (1, 1)) == 0
+
+
+def test_the_word_penalty_costs_every_output_word_and_nothing_else() -> None:
+    fst = kfst.compile("0 1 3 7 0.5\n1 2 4 0 0.25\n2 3 5 8\n3 1.5\n")
+    arcs = fst_arcs(add_word_penalty(fst, 2.0))
+    assert arcs == [(0, 3, 7, 2.5, 1), (1, 4, 0, 0.25, 2), (2, 5, 8, 2.0, 3)]
+    assert fst_arcs(add_word_penalty(fst, 0.0)) == fst_arcs(fst)
+
+
+def test_decoder_graphs_are_penalised_and_cached(tmp_path: Path) -> None:
+    from asrflow.decode.decoder import _graph
+
+    kfst.compile("0 1 3 1 0.5\n1 0.0\n").write(str(tmp_path / "HCLG.fst"))
+    (tmp_path / "words.txt").write_text("<eps> 0\nyes 1\n")
+    path = str(tmp_path / "HCLG.fst")
+    plain, words = _graph(path)
+    penalised, _ = _graph(path, 1.0)
+    assert words == ["<eps>", "yes"]
+    assert fst_arcs(plain)[0][3] == 0.5 and fst_arcs(penalised)[0][3] == 1.5
+    assert _graph(path, 1.0)[0] is penalised and _graph(path)[0] is plain
+
+
+def test_no_tune_folder_means_the_configured_settings(tmp_path: Path) -> None:
+    assert tuned_settings(None) == {}
+    (tmp_path / "tune.json").write_text('{"chosen": {"acoustic_scale": 0.05, "insertion_penalty": 1.0}}')
+    assert tuned_settings(tmp_path) == {"acoustic_scale": 0.05, "insertion_penalty": 1.0}
