@@ -192,7 +192,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 from asrflow.decode.tune import tuned_settings
 
                 tuned = tuned_settings(args.tune)
-                run.log_params({f"decode.{k}": v for k, v in tuned.items()})
+                run.log_params({f"tuned.{k}": v for k, v in tuned.items()})
                 info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
                                          args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
                                          tuned=tuned, log=_log)
