@@ -76,3 +76,23 @@ def test_chunks_keep_every_frame_and_target() -> None:
     assert out["lengths"].tolist() == [3, 3, 1, 3]  # b's padding-only chunks are dropped
     assert out["targets"][out["targets"] != -100].tolist() == list(range(10))
     assert out["feats"][2, 0, 0] == 6 and out["feats"][3, 2, 0] == 9
+
+
+def test_spec_augment_masks_bands_and_spans_reproducibly() -> None:
+    import torch
+
+    from asrflow.nnet.data import spec_augment
+
+    feats = torch.ones(2, 100, 40)
+    lengths = torch.tensor([100, 60])
+    settings = {"freq_masks": 2, "freq_width": 8, "time_masks": 2, "time_width": 20}
+    out = spec_augment(feats, lengths, settings, torch.Generator().manual_seed(3))
+    again = spec_augment(feats, lengths, settings, torch.Generator().manual_seed(3))
+    assert torch.equal(out, again) and torch.equal(feats, torch.ones(2, 100, 40))  # same draws; input untouched
+    masked_bins = (out[0] == 0).all(dim=0).sum()
+    masked_frames = (out[0] == 0).all(dim=1).sum()
+    assert 0 < masked_bins <= 16 and masked_frames <= 40
+    assert (out[1, 60:] == 1).all()  # padding is not masked
+    assert (out[1, :60] == 0).all(dim=1).sum() <= 2 * 12  # spans at most a fifth of the utterance
+    off = {"freq_masks": 0, "freq_width": 8, "time_masks": 0, "time_width": 20}
+    assert torch.equal(spec_augment(feats, lengths, off, torch.Generator()), feats)

@@ -26,7 +26,8 @@ frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_f
 # Learnable toy targets: 4 classes by position in the utterance.
 targets = {u: (__import__("numpy").arange(n) * 4 // n) for u, n in frames.items()}
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
-opts = TrainOptions(epochs=3, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, patience=5, seed=3)
+opts = TrainOptions(epochs=3, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, patience=5, seed=3,
+                    specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
 summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.1}, opts, data, data, 4, out,
                 log=lambda *_: None)
 print("best", summary["best_valid_loss"])

@@ -171,3 +171,29 @@ def chunk_batch(batch: dict[str, object], size: int) -> dict[str, object]:
     keep = chunk_lengths > 0
     return {"utts": batch["utts"], "feats": feats[keep], "lengths": chunk_lengths[keep], "targets": targets[keep],
             "target_lengths": chunk_lengths[keep]}
+
+
+def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: dict[str, int],
+                 generator: torch.Generator) -> torch.Tensor:
+    """A copy of ``feats`` (B, T, D) with SpecAugment's frequency and time masks (value 0) per utterance.
+
+    ``settings``: ``freq_masks`` bands of up to ``freq_width`` bins and ``time_masks`` spans of
+    up to ``time_width`` frames (and at most a fifth of the utterance) each; widths and starts
+    come from ``generator``. Padding frames are left alone.
+    """
+    out = feats.clone()
+    dim = feats.shape[2]
+
+    def draw(high: int) -> int:
+        return int(torch.randint(0, high + 1, (1,), generator=generator))
+
+    for b, length in enumerate(lengths.tolist()):
+        for _ in range(settings["freq_masks"]):
+            width = min(draw(settings["freq_width"]), dim)
+            start = draw(dim - width)
+            out[b, :length, start:start + width] = 0
+        for _ in range(settings["time_masks"]):
+            width = min(draw(settings["time_width"]), length // 5)
+            start = draw(length - width)
+            out[b, start:start + width, :] = 0
+    return out

@@ -17,14 +17,15 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
+from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, spec_augment
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.parallel.base import ParallelOptions
@@ -50,6 +51,7 @@ class TrainOptions:
     patience: int = 3
     amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
+    specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
     seed: int = 0
 
 
@@ -235,6 +237,10 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         for index in range(state["batch"], len(batches)):
             t0 = time.perf_counter()
             batch = collate([train_set[i] for i in batches[index]])
+            if opts.specaugment.get("freq_masks") or opts.specaugment.get("time_masks"):
+                key = np.random.SeedSequence([opts.seed, state["epoch"], index, rank]).generate_state(1)[0]
+                draws = torch.Generator().manual_seed(int(key))
+                batch["feats"] = spec_augment(batch["feats"], batch["lengths"], opts.specaugment, draws)
             if opts.chunk_frames and objective == "hybrid":
                 batch = chunk_batch(batch, opts.chunk_frames)
             batch = _to(batch, device)
