@@ -96,3 +96,20 @@ def test_spec_augment_masks_bands_and_spans_reproducibly() -> None:
     assert (out[1, :60] == 0).all(dim=1).sum() <= 2 * 12  # spans at most a fifth of the utterance
     off = {"freq_masks": 0, "freq_width": 8, "time_masks": 0, "time_width": 20}
     assert torch.equal(spec_augment(feats, lengths, off, torch.Generator()), feats)
+
+
+def test_frequency_warp_stretches_the_bins() -> None:
+    import torch
+
+    from asrflow.nnet.data import spec_augment, warp_bins
+
+    ramp = torch.arange(10.0).repeat(4, 1)
+    assert torch.equal(warp_bins(ramp, 1.0), ramp)
+    assert torch.allclose(warp_bins(ramp, 0.5)[0], torch.arange(10.0) * 0.5)
+    assert torch.allclose(warp_bins(ramp, 2.0)[0], torch.tensor([0.0, 2, 4, 6, 8, 9, 9, 9, 9, 9]))  # clamped at the top
+    feats = torch.arange(40.0).repeat(2, 50, 1)
+    settings = {"freq_masks": 0, "freq_width": 8, "time_masks": 0, "time_width": 20, "freq_warp": 0.2}
+    out = spec_augment(feats, torch.tensor([50, 30]), settings, torch.Generator().manual_seed(0))
+    factors = out[:, 0, 10] / 10
+    assert ((factors > 0.8) & (factors < 1.2)).all() and not torch.allclose(factors[0], factors[1])
+    assert torch.equal(out[1, 30:], feats[1, 30:])  # padding untouched

@@ -177,7 +177,8 @@ def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: dict[str,
                  generator: torch.Generator) -> torch.Tensor:
     """A copy of ``feats`` (B, T, D) with SpecAugment's frequency and time masks (value 0) per utterance.
 
-    ``settings``: ``freq_masks`` bands of up to ``freq_width`` bins and ``time_masks`` spans of
+    With ``freq_warp`` w > 0, each utterance's bins are first stretched by a factor drawn from
+    1 ± w (:func:`warp_bins`: vocal-tract-length perturbation on filterbank features). ``settings``: ``freq_masks`` bands of up to ``freq_width`` bins and ``time_masks`` spans of
     up to ``time_width`` frames (and at most a fifth of the utterance) each; widths and starts
     come from ``generator``. Padding frames are left alone.
     """
@@ -188,6 +189,9 @@ def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: dict[str,
         return int(torch.randint(0, high + 1, (1,), generator=generator))
 
     for b, length in enumerate(lengths.tolist()):
+        if settings.get("freq_warp"):
+            factor = 1.0 + settings["freq_warp"] * (2 * float(torch.rand(1, generator=generator)) - 1)
+            out[b, :length] = warp_bins(out[b, :length], factor)
         for _ in range(settings["freq_masks"]):
             width = min(draw(settings["freq_width"]), dim)
             start = draw(dim - width)
@@ -197,3 +201,17 @@ def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: dict[str,
             start = draw(length - width)
             out[b, start:start + width, :] = 0
     return out
+
+
+def warp_bins(feats: torch.Tensor, factor: float) -> torch.Tensor:
+    """Feature bins (T, D) read at ``bin * factor`` by linear interpolation, clamped to the top bin.
+
+    On log-mel filterbanks this moves formants down (factor > 1) or up (< 1), as a longer or
+    shorter vocal tract would (VTLP, Jaitly and Hinton 2013).
+    """
+    dim = feats.shape[1]
+    position = (torch.arange(dim, dtype=torch.float64) * factor).clamp(max=dim - 1)
+    low = position.floor().long()
+    high = (low + 1).clamp(max=dim - 1)
+    weight = (position - low).to(feats.dtype)
+    return feats[:, low] * (1 - weight) + feats[:, high] * weight

@@ -237,7 +237,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         for index in range(state["batch"], len(batches)):
             t0 = time.perf_counter()
             batch = collate([train_set[i] for i in batches[index]])
-            if opts.specaugment.get("freq_masks") or opts.specaugment.get("time_masks"):
+            if any(opts.specaugment.get(k) for k in ("freq_masks", "time_masks", "freq_warp")):
                 key = np.random.SeedSequence([opts.seed, state["epoch"], index, rank]).generate_state(1)[0]
                 draws = torch.Generator().manual_seed(int(key))
                 batch["feats"] = spec_augment(batch["feats"], batch["lengths"], opts.specaugment, draws)
