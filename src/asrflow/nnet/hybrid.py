@@ -52,19 +52,23 @@ def decode_shard(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: 
 
 def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
                           settings: list[DecodeOptions]) -> list[DecodeResult]:
-    """The shard decoded once per decoder setting, from one forward pass (a tuning grid)."""
+    """The shard decoded once per decoder setting, from one forward pass (a tuning grid).
+
+    Settings run grouped by insertion penalty, so each penalised graph is built once per shard;
+    the results come back in the order of ``settings``.
+    """
     network, _ = cached_network(network_path)
     gmm = GmmModel.from_bytes(gmm_blob)
     start = time.perf_counter()
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
     forward = time.perf_counter() - start
-    results = []
-    for opts in settings:
+    results: list[DecodeResult | None] = [None] * len(settings)
+    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
+        opts = settings[i]
         items = [(utt, x.shape[0], lambda p=p, scale=opts.acoustic_scale:
                   khg.DecodableCtc(transition_loglikes(p, priors, gmm.tid2pdf, scale)))
                  for utt, x, p in zip(shard.utts, feats, posteriors)]
-        result = decode_all(graph_path, gmm.tm, opts, items)
-        result.seconds += forward
-        results.append(result)
+        results[i] = decode_all(graph_path, gmm.tm, opts, items)
+        results[i].seconds += forward
     return results
