@@ -35,6 +35,12 @@ class SearchOptions:
     blank_skip: float = -0.01  # ln p(blank) above which (p > 99 %) only the blank extension is kept
 
 
+def search_options(nnet_decode: dict) -> SearchOptions:
+    """The prefix beam search settings of ``nnet.decode``."""
+    return SearchOptions(beam=nnet_decode["beam"], lm_weight=nnet_decode["lm_weight"],
+                         word_bonus=nnet_decode["word_bonus"], prune=nnet_decode["prune"])
+
+
 @dataclass
 class _Words:
     """LM view of a prefix: score of its closed words, their history, the open word's text."""
@@ -117,17 +123,13 @@ def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.
     return [x for x in w.history if x != BOS] + ([w.partial] if w.partial else [])
 
 
-def decode_shard(shard: Shard, network_path: str, lm_path: str | None, opts: SearchOptions) -> DecodeResult:
-    """Words of each utterance of a shard with a CTC network (runs on a Dask worker).
-
-    The shard's forward passes run in padded batches; the RTF covers them and the search.
-    """
-    return decode_shard_settings(shard, network_path, lm_path, [opts])[0]
-
-
 def decode_shard_settings(shard: Shard, network_path: str, lm_path: str | None,
                           settings: list[SearchOptions]) -> list[DecodeResult]:
-    """The shard searched once per setting, from one forward pass (a tuning grid)."""
+    """Words of each utterance of a shard with a CTC network, once per search setting (runs on a Dask worker).
+
+    One forward pass (padded batches) serves every setting; each result's time covers it and
+    that setting's search.
+    """
     network, header = cached_network(network_path)
     units = Units(header["units"].numpy().tobytes())
     lm = _lm(lm_path)

@@ -71,6 +71,40 @@ def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float,
     return info
 
 
+def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lang_dir: str | Path,
+                   shards: list, client: Any, overrides: list[dict[str, float]],
+                   gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
+                   desc: str = "decode") -> tuple[list[Any], list[list[DecodeResult]]]:
+    """Decode ``shards`` with network ``system`` once per entry of ``overrides`` (laid over ``nnet.decode``).
+
+    Hybrids go through the GMM's HCLG, CTC networks through prefix beam search. Returns the
+    options of each setting and, per shard, one result per setting (one forward pass each).
+    """
+    from dataclasses import replace
+
+    from asrflow.decode import ctc
+    from asrflow.nnet import NnetError, hybrid
+
+    dcfg = config["nnet"]["decode"]
+    network = str(Path(net_dir).resolve() / "final.pt")
+    units = [len(s.utts) for s in shards]
+    if config["nnet"]["models"][system]["objective"] == "hybrid":
+        if gmm_dir is None or graph_dir is None:
+            raise NnetError(f"hybrid network {system!r} needs --gmm and --graph to decode")
+        settings = [replace(hybrid.decode_options(dcfg, config["decode"]), **o) for o in overrides]
+        priors = np.load(Path(net_dir) / "priors.npy")
+        blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
+        graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
+        results = run_sharded(client, hybrid.decode_shard_settings, shards, network, priors, blob, graph_path,
+                              settings, units=units, desc=desc, retries=config["dask"]["retries"])
+    else:
+        settings = [replace(ctc.search_options(dcfg), **o) for o in overrides]
+        lm = str(Path(lang_dir).resolve() / "lm.arpa")
+        results = run_sharded(client, ctc.decode_shard_settings, shards, network, lm, settings,
+                              units=units, desc=desc, retries=config["dask"]["retries"])
+    return settings, results
+
+
 def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
                       feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
                       gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
@@ -80,37 +114,13 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
     ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty,
     or LM weight and word bonus.
     """
-    from dataclasses import replace
-
-    from asrflow.decode import ctc
-    from asrflow.nnet import NnetError, hybrid
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dcfg = config["nnet"]["decode"]
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, dcfg["shard_utts"], deltas=0)
-    network = str(Path(net_dir).resolve() / "final.pt")
-    objective = config["nnet"]["models"][system]["objective"]
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["nnet"]["decode"]["shard_utts"], deltas=0)
     start = time.perf_counter()
-    if objective == "hybrid":
-        if gmm_dir is None or graph_dir is None:
-            raise NnetError(f"hybrid network {system!r} needs --gmm and --graph to decode")
-        opts = replace(hybrid.decode_options(dcfg, config["decode"]), **(tuned or {}))
-        priors = np.load(Path(net_dir) / "priors.npy")
-        blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
-        graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
-        results = run_sharded(client, hybrid.decode_shard, shards, network, priors, blob, graph_path, opts,
-                              units=[len(s.utts) for s in shards], desc=f"decode-{system}-{test}",
-                              retries=config["dask"]["retries"])
-        settings = {"acoustic_scale": opts.acoustic_scale, "insertion_penalty": opts.insertion_penalty,
-                    "beam": opts.beam, "max_active": opts.max_active}
-    else:
-        search = replace(ctc.SearchOptions(beam=dcfg["beam"], lm_weight=dcfg["lm_weight"],
-                                           word_bonus=dcfg["word_bonus"], prune=dcfg["prune"]), **(tuned or {}))
-        lm = str(Path(lang_dir).resolve() / "lm.arpa") if search.lm_weight > 0 else None
-        results = run_sharded(client, ctc.decode_shard, shards, network, lm, search,
-                              units=[len(s.utts) for s in shards], desc=f"decode-{system}-{test}",
-                              retries=config["dask"]["retries"])
-        settings = {"beam": search.beam, "lm_weight": search.lm_weight, "word_bonus": search.word_bonus}
-    settings["tuned"] = bool(tuned)
-    return write_decode(out, test, results, time.perf_counter() - start, {"system": system, **settings}, log)
+    (opts,), per_shard = decode_network(config, system, net_dir, lang_dir, shards, client, [tuned or {}],
+                                        gmm_dir, graph_dir, desc=f"decode-{system}-{test}")
+    keys = ("acoustic_scale", "insertion_penalty", "beam", "max_active", "lm_weight", "word_bonus")
+    settings = {k: getattr(opts, k) for k in keys if hasattr(opts, k)}
+    return write_decode(out, test, [r[0] for r in per_shard], time.perf_counter() - start,
+                        {"system": system, **settings, "tuned": bool(tuned)}, log)

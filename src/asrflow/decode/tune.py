@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +73,9 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     ``tune.json`` holds ``chosen`` (the settings the test sets are decoded with), its held-out
     errors and WER, and the whole grid.
     """
-    from asrflow.cluster import broadcast, run_sharded
-    from asrflow.decode import ctc
-    from asrflow.gmm.model import GmmModel
+    from asrflow.decode.stage import decode_network
     from asrflow.gmm.shards import split_shards
-    from asrflow.nnet import NnetError, hybrid
+    from asrflow.nnet import NnetError
     from asrflow.nnet.stage import held_out_utterances
 
     out = Path(out_dir)
@@ -91,25 +88,8 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     shards = split_shards(data_dir, feats_dir, lang_dir, train_split, dcfg["shard_utts"], deltas=0, only=held_out)
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
-    network = str(Path(net_dir).resolve() / "final.pt")
-    units = [len(s.utts) for s in shards]
-    if objective == "hybrid":
-        if gmm_dir is None or graph_dir is None:
-            raise NnetError(f"hybrid network {system!r} needs --gmm and --graph to tune its decoder")
-        base = hybrid.decode_options(dcfg, config["decode"])
-        priors = np.load(Path(net_dir) / "priors.npy")
-        blob = broadcast(client, GmmModel.load(gmm_dir).to_bytes())
-        graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
-        results = run_sharded(client, hybrid.decode_shard_settings, shards, network, priors, blob, graph_path,
-                              [replace(base, **p) for p in points], units=units, desc=f"tune-{system}",
-                              retries=config["dask"]["retries"])
-    else:
-        base = ctc.SearchOptions(beam=dcfg["beam"], lm_weight=dcfg["lm_weight"], word_bonus=dcfg["word_bonus"],
-                                 prune=dcfg["prune"])
-        lm = str(Path(lang_dir).resolve() / "lm.arpa")
-        results = run_sharded(client, ctc.decode_shard_settings, shards, network, lm,
-                              [replace(base, **p) for p in points], units=units, desc=f"tune-{system}",
-                              retries=config["dask"]["retries"])
+    _, results = decode_network(config, system, net_dir, lang_dir, shards, client, points, gmm_dir, graph_dir,
+                                desc=f"tune-{system}")
     texts = read_table(Path(data_dir) / train_split / "text")
     refs = {utt: texts[utt] for s in shards for utt in s.utts}
     grid = []

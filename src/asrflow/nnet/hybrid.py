@@ -41,20 +41,11 @@ def transition_loglikes(log_post: np.ndarray, log_prior: np.ndarray, tid2pdf: np
     return np.ascontiguousarray(pseudo[:, tid2pdf[1:]], dtype=np.float32)
 
 
-def decode_shard(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
-                 opts: DecodeOptions) -> DecodeResult:
-    """1-best words of a shard with the hybrid model (runs on a Dask worker).
-
-    The shard's forward passes run in padded batches; the RTF includes them.
-    """
-    return decode_shard_settings(shard, network_path, priors, gmm_blob, graph_path, [opts])[0]
-
-
 def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
                           settings: list[DecodeOptions]) -> list[DecodeResult]:
-    """The shard decoded once per decoder setting, from one forward pass (a tuning grid).
+    """1-best words of a shard with the hybrid model, once per decoder setting (runs on a Dask worker).
 
-    Settings run grouped by insertion penalty, so each penalised graph is built once per shard;
+    One forward pass (padded batches) serves every setting, and each RTF includes it. Settings run grouped by insertion penalty, so each penalised graph is built once per shard;
     the results come back in the order of ``settings``.
     """
     network, _ = cached_network(network_path)

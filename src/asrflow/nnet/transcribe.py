@@ -107,9 +107,8 @@ class Transcriber:
                 for i, x in enumerate(feats)]
             result = decode_all(f"{self._workdir}/HCLG.fst", self.gmm.tm, opts, items)
             return [" ".join(result.hyps[str(i)]) for i in range(len(feats))]
-        from asrflow.decode.ctc import SearchOptions, prefix_beam_search
+        from asrflow.decode.ctc import prefix_beam_search, search_options
 
-        opts = SearchOptions(beam=decode["beam"], lm_weight=decode["lm_weight"], word_bonus=decode["word_bonus"],
-                             prune=decode["prune"])
+        opts = search_options(decode)
         return [" ".join(prefix_beam_search(log_posteriors(self.network, x), self.units.pieces,
                                             self.units.word_start, self.lm, opts)) for x in feats]
