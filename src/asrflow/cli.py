@@ -125,7 +125,6 @@ def cmd_nnet(args: argparse.Namespace) -> int:
     from asrflow.nnet.stage import train_system
     from asrflow.nnet.transcribe import bundle_files
     from asrflow.tracking import StageRun, stage_run
-    from asrflow.tracking.pyfunc import log_transcriber
     from asrflow.workflow import parallel_settings
 
     config = _load(args)
@@ -157,13 +156,21 @@ def cmd_nnet(args: argparse.Namespace) -> int:
         out = Path(args.out)
         run.log_artifact(out / "manifest.json")
         run.log_artifact(out / "report.tsv")
-        files = bundle_files(config, args.system, out, Path(args.features), args.train, gmm, graph,
-                             Path(args.lang) if args.lang else None)
         run.log_artifact(out / "final.pt")
-        uri = log_transcriber(run, files)
-        if uri:
-            _log(f"MLflow pyfunc model: {uri}")
+        if not config["nnet"]["decode"]["tune"]["enabled"]:  # else the tune stage logs it, with its settings
+            files = bundle_files(config, args.system, out, Path(args.features), args.train, gmm, graph,
+                                 Path(args.lang) if args.lang else None)
+            _log_model(run, files)
     return 0
+
+
+def _log_model(run: Any, files: dict[str, str]) -> None:
+    """Log the pyfunc transcriber of ``files`` (:func:`asrflow.nnet.transcribe.bundle_files`) into ``run``."""
+    from asrflow.tracking.pyfunc import log_transcriber
+
+    uri = log_transcriber(run, files)
+    if uri:
+        _log(f"MLflow pyfunc model: {uri}")
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -203,6 +210,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from asrflow.cluster import dask_client
     from asrflow.decode.tune import tune_network
+    from asrflow.nnet.transcribe import bundle_files
     from asrflow.tracking import stage_run
 
     config = _load(args)
@@ -215,6 +223,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
                          "held_out_words": info["words"], "grid_points": len(info["grid"])})
         run.log_artifact(args.out)
+        # the pyfunc model, decoding with the tuned settings (as the test sets are decoded)
+        _log_model(run, bundle_files(config, args.system, Path(args.model), Path(args.features), args.train,
+                                     Path(args.gmm) if args.gmm else None, Path(args.graph) if args.graph else None,
+                                     Path(args.lang), out_dir=Path(args.out), tuned=info["chosen"]))
     return 0
 
 

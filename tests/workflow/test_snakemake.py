@@ -153,8 +153,12 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
     utts = sorted(wavs)[:6]
     mlflow.set_tracking_uri(f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
     for system in ("dnn", "ctc"):
-        run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'nnet-{system}-train'")[0]
+        # with decoder tuning on, the model is logged by the tune stage and decodes with its choice
+        run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'tune-{system}-train'")[0]
+        chosen = json.loads((res / "tune" / "train" / system / "tune.json").read_text())["chosen"]
         model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+        settings = model.unwrap_python_model().transcriber.settings
+        assert settings["tuned"] == chosen and all(settings["decode"][k] == v for k, v in chosen.items())
         hyps = model.predict([wavs[u] for u in utts])
         score, _ = score_corpus({u: refs[u] for u in utts}, dict(zip(utts, hyps)))
         # 48 words; the decode stage's own errors on these files (1_0_0_1_0_1_1_1) are included

@@ -36,18 +36,26 @@ def pooled_cmvn(feats_dir: Path, split: str) -> np.ndarray:
 
 
 def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: Path, train: str,
-                 gmm_dir: Path | None, graph_dir: Path | None, lang_dir: Path | None) -> dict[str, str]:
-    """The files a :class:`Transcriber` needs, by name (``settings.json`` is written into ``net_dir``)."""
+                 gmm_dir: Path | None, graph_dir: Path | None, lang_dir: Path | None,
+                 out_dir: Path | None = None, tuned: dict[str, float] | None = None) -> dict[str, str]:
+    """The files a :class:`Transcriber` needs, by name.
+
+    ``settings.json`` and ``cmvn.npy`` are written into ``out_dir`` (default ``net_dir``).
+    ``tuned`` (the tune stage's choice) replaces the configured decoder settings, so the
+    model decodes as the test sets were decoded.
+    """
+    out_dir = out_dir or net_dir
     model = config["nnet"]["models"][system]
+    decode = {**config["nnet"]["decode"], **(tuned or {})}
     opts = FeatureOptions.from_config(config["features"], config["nnet"]["features"], config["audio"]["sample_rate"])
     settings = {"system": system, "objective": model["objective"], "features": asdict(opts),
-                "decode": config["nnet"]["decode"], "graph_decode": config["decode"], "seed": config["seed"]}
-    (net_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
-    np.save(net_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
-    files = {"network": net_dir / "final.pt", "settings": net_dir / SETTINGS, "cmvn": net_dir / "cmvn.npy"}
+                "decode": decode, "tuned": tuned or {}, "graph_decode": config["decode"], "seed": config["seed"]}
+    (out_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+    np.save(out_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
+    files = {"network": net_dir / "final.pt", "settings": out_dir / SETTINGS, "cmvn": out_dir / "cmvn.npy"}
     if model["objective"] == "hybrid":
         files.update(gmm=gmm_dir / "final.mdl.pkl", graph=graph_dir / "HCLG.fst", words=graph_dir / "words.txt")
-    elif lang_dir is not None and config["nnet"]["decode"]["lm_weight"] > 0:
+    elif lang_dir is not None and decode["lm_weight"] > 0:
         files["lm"] = lang_dir / "lm.arpa"
     return {k: str(v) for k, v in files.items()}
 
