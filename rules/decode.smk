@@ -23,6 +23,23 @@ rule graph:
         "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
 
 
+rule graph_ctc:
+    input:
+        lang=f"{RESULTS}/lang/{{train}}",
+    output:
+        directory(f"{RESULTS}/graph/{{train}}/tlg"),
+    wildcard_constraints:
+        train="[^/]*train",
+    log:
+        f"{RESULTS}/logs/graph.{{train}}.tlg.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/graph.{{train}}.tlg.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow graph --lang {input.lang} --ctc --out {output} > {log} 2>&1"
+
+
 rule decode:
     input:
         data=f"{RESULTS}/data",

@@ -136,7 +136,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
     graph = Path(args.graph) if args.graph else None
     if rank != 0:  # only rank 0 talks to MLflow
         train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, StageRun(),
-                     state_dir=args.state, log=lambda m: None)
+                     state_dir=args.state, lang_dir=args.lang, log=lambda m: None)
         return 0
     with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         parallel = parallel_settings(config, args.system)
@@ -144,7 +144,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
                       "asrflow.strategy": parallel["strategy"] if world > 1 else "single"})
         run.log_params({f"nnet.parallel.effective.{k}": v for k, v in parallel.items()})
         manifest = train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, run,
-                                state_dir=args.state, log=_log)
+                                state_dir=args.state, lang_dir=args.lang, log=_log)
         means = ("mean_t_data", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step")
         run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
                                                       "rejected", *means)},
@@ -174,9 +174,14 @@ def _log_model(run: Any, files: dict[str, str]) -> None:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from asrflow.decode.stage import make_graph
+    from asrflow.decode.stage import make_ctc_graph, make_graph
 
-    make_graph(args.lang, args.model, args.out, log=_log)
+    if args.ctc:
+        make_ctc_graph(args.lang, args.out, log=_log)
+    elif args.model:
+        make_graph(args.lang, args.model, args.out, log=_log)
+    else:
+        raise SystemExit("asrflow graph: give --model (HCLG for a GMM) or --ctc (TLG for phone CTC networks)")
     return 0
 
 
@@ -348,9 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_gmm)
 
-    p = sub.add_parser("graph", help="build HCLG for a trained system")
+    p = sub.add_parser("graph", help="build HCLG for a trained GMM system, or TLG for phone CTC networks")
     p.add_argument("--lang", required=True)
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", help="GMM system folder: build its HCLG")
+    p.add_argument("--ctc", action="store_true", help="build TLG for CTC networks over the lang's phones")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_graph)
 

@@ -100,13 +100,16 @@ def system_pattern(names: list[str] | tuple[str, ...]) -> str:
 
 
 def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph."""
+    """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones TLG."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": f"{root}/features/{config['nnet']['features']}",
               "lang": f"{root}/lang/{train}"}
-    if config["nnet"]["models"][system]["objective"] == "hybrid":
+    model = config["nnet"]["models"][system]
+    if model["objective"] == "hybrid":
         ali = config["nnet"]["alignments"]
         inputs.update(gmm=f"{root}/gmm/{train}/{ali}", graph=f"{root}/graph/{train}/{ali}")
+    elif model["units"] == "phone":  # decoded through TLG
+        inputs["graph"] = f"{root}/graph/{train}/tlg"
     return inputs
 
 

@@ -6,18 +6,21 @@ from pathlib import Path
 
 import numpy as np
 
-from asrflow.decode.tune import choose, grid_points, neighbourhood_mean, tuned_settings
+from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, tuned_settings
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
 
 
 def test_grid_is_row_major_over_the_axes() -> None:
-    points = grid_points({"acoustic_scale": [0.1, 0.2], "insertion_penalty": [0.0, 1.0, 2.0], "lm_weight": [9]},
-                         ("acoustic_scale", "insertion_penalty"))
+    tune = {"acoustic_scale": [0.1, 0.2], "insertion_penalty": [0.0, 1.0, 2.0], "lm_weight": [9],
+            "tlg_acoustic_scale": [1.0]}
+    points = grid_points(tune, AXES["hclg"])
     assert points[:4] == [{"acoustic_scale": 0.1, "insertion_penalty": 0.0},
                           {"acoustic_scale": 0.1, "insertion_penalty": 1.0},
                           {"acoustic_scale": 0.1, "insertion_penalty": 2.0},
                           {"acoustic_scale": 0.2, "insertion_penalty": 0.0}]
     assert len(points) == 6
+    # a TLG network takes its acoustic scales from their own list
+    assert grid_points(tune, AXES["tlg"])[-1] == {"acoustic_scale": 1.0, "insertion_penalty": 2.0}
 
 
 def test_the_fewest_errors_win() -> None:

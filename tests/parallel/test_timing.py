@@ -89,3 +89,6 @@ def test_a_global_batch_is_split_over_the_learners_and_sequential_updates_scale_
     assert ParallelOptions(strategy="kavg", batch="learner").learner_frames(4000, 4) == 4000
     assert ParallelOptions(strategy="ring").lr_factor(4) == 0.5 and ParallelOptions(strategy="asgd").lr_factor(1) == 1
     assert ParallelOptions(strategy="adpsgd").lr_factor(4) == 1.0
+    assert ParallelOptions(strategy="asgd", stale_lr="linear").lr_factor(4) == 0.25
+    assert ParallelOptions(strategy="kavg", stale_lr="linear").lr_factor(4) == 1.0
+    assert ParallelOptions(strategy="ring", stale_lr="linear", batch="learner").lr_factor(4) == 1.0

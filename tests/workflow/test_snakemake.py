@@ -11,7 +11,7 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "lstm", "cnn", "ctc")
+NETWORKS = ("dnn", "lstm", "cnn", "ctc", "ctc_phone")
 
 pytestmark = pytest.mark.workflow
 
@@ -90,8 +90,8 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     # a corpus option reruns the data stage and everything after it
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
-    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "decode", "nnet", "tune_nnet",
-                                        "decode_nnet", "score", "compare", "all"}
+    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "graph_ctc", "decode", "nnet",
+                                        "tune_nnet", "decode_nnet", "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 
@@ -123,7 +123,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         learners = 2 if system == "dnn" else 1  # config/experiments/yesno.yaml: the dnn trains with two ring learners
         assert manifest["world_size"] == learners and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
-        assert saved["objective"] == ("ctc" if system == "ctc" else "hybrid")
+        assert saved["objective"] == ("ctc" if system.startswith("ctc") else "hybrid")
         assert not (res / "nnet_state" / "train" / system).exists()  # training state removed when done
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         assert tune["utterances"] == manifest["valid_utterances"] and tune["chosen"] in [
@@ -143,6 +143,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
 def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
     """The logged pyfunc model of a network transcribes wav files away from the results folder."""
     from asrflow.data.datadir import read_table
+    from asrflow.decode.tune import AXES
     from asrflow.score.wer import score_corpus
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
@@ -152,13 +153,14 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
     refs = read_table(res / "data" / "test" / "text")
     utts = sorted(wavs)[:6]
     mlflow.set_tracking_uri(f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
-    for system in ("dnn", "ctc"):
+    for system in ("dnn", "ctc", "ctc_phone"):
         # with decoder tuning on, the model is logged by the tune stage and decodes with its choice
         run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'tune-{system}-train'")[0]
         chosen = json.loads((res / "tune" / "train" / system / "tune.json").read_text())["chosen"]
         model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
         settings = model.unwrap_python_model().transcriber.settings
-        assert settings["tuned"] == chosen and all(settings["decode"][k] == v for k, v in chosen.items())
+        axes = AXES[settings["decoder"]]  # setting -> its nnet.decode key (a TLG's scale is tlg_acoustic_scale)
+        assert settings["tuned"] == chosen and all(settings["decode"][axes[k]] == v for k, v in chosen.items())
         hyps = model.predict([wavs[u] for u in utts])
         score, _ = score_corpus({u: refs[u] for u in utts}, dict(zip(utts, hyps)))
         # 48 words; the decode stage's own errors on these files (1_0_0_1_0_1_1_1) are included

@@ -1,4 +1,5 @@
-"""CTC decoding: prefix beam search over units with a word n-gram LM (shallow fusion).
+"""CTC decoding: prefix beam search over units with a word n-gram LM (shallow fusion), or,
+for networks over phones, Kaldi's decoder through a TLG graph (:func:`decode_shard_graph_settings`).
 
 Prefixes are unit sequences with separate blank / non-blank ending scores (Hannun et al.,
 2014). A unit that starts a word ("▁") closes the word before it, which then adds
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asrflow.decode.decoder import DecodeResult
+from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_all
+from asrflow.kaldi import khg
 from asrflow.gmm.estep import Shard, features
 from asrflow.lang.lm import BOS, EOS, ArpaLM
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
@@ -39,6 +41,37 @@ def search_options(nnet_decode: dict) -> SearchOptions:
     """The prefix beam search settings of ``nnet.decode``."""
     return SearchOptions(beam=nnet_decode["beam"], lm_weight=nnet_decode["lm_weight"],
                          word_bonus=nnet_decode["word_bonus"], prune=nnet_decode["prune"])
+
+
+def graph_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
+    """Decoder settings of a CTC network through TLG: ``tlg_acoustic_scale``, beam and active states as hybrids."""
+    return DecodeOptions(beam=nnet_decode.get("graph_beam") or graph_decode["beam"],
+                         max_active=nnet_decode.get("max_active") or graph_decode["max_active"],
+                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["tlg_acoustic_scale"],
+                         insertion_penalty=nnet_decode["insertion_penalty"])
+
+
+def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str,
+                                settings: list[DecodeOptions]) -> list[DecodeResult]:
+    """Words of each utterance of a shard with a CTC network through TLG, once per setting (on a Dask worker).
+
+    The scaled log posteriors are the decodable (index ``k + 1`` = class ``k``, blank first),
+    as TLG's input labels are numbered. One forward pass serves every setting; settings run
+    grouped by insertion penalty (one penalised graph each), results in the order given.
+    """
+    network, _ = cached_network(network_path)
+    start = time.perf_counter()
+    feats = features(shard)
+    posteriors = batch_log_posteriors(network, feats)
+    forward = time.perf_counter() - start
+    results: list[DecodeResult | None] = [None] * len(settings)
+    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
+        scale = settings[i].acoustic_scale
+        items = [(utt, x.shape[0], lambda p=p: khg.DecodableCtc(np.ascontiguousarray(scale * p, dtype=np.float32)))
+                 for utt, x, p in zip(shard.utts, feats, posteriors)]
+        results[i] = decode_all(graph_path, None, settings[i], items)
+        results[i].seconds += forward
+    return results
 
 
 @dataclass

@@ -69,15 +69,27 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
 
     Shared by every acoustic model: GMMs give a GMM decodable, networks a matrix of
     pseudo-log-likelihoods. An utterance with no surviving path gets a partial result.
+    Without a transition model (``trans_model`` None: a TLG graph, whose input labels are
+    CTC classes + 1) Kaldi's faster decoder finds the best path instead.
     """
-    config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active, lattice_beam=opts.lattice_beam)
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
-    decoder = khg.LatticeFasterDecoder(graph, config)
+    if trans_model is None:
+        decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active))
+    else:
+        config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
+                                                lattice_beam=opts.lattice_beam)
+        decoder = khg.LatticeFasterDecoder(graph, config)
     hyps, failed, total = {}, [], 0
     start = time.perf_counter()
     for utt, frames, make in decodables:
-        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
-                                                              trans_model=trans_model, utt=utt, allow_partial=True)
+        if trans_model is None:
+            decoder.decode(make())
+            ok, path = decoder.get_best_path()
+            words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
+        else:
+            ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
+                                                                  trans_model=trans_model, utt=utt,
+                                                                  allow_partial=True)
         hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)

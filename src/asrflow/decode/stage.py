@@ -1,4 +1,4 @@
-"""The graph and decode stages: HCLG for a trained system, then 1-best decoding of a test split."""
+"""The graph and decode stages: HCLG for a trained system (TLG for phone CTC), then 1-best decoding of a test split."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard, rt
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.kaldi import kfst
-from asrflow.lang.graph import make_hclg
+from asrflow.lang.graph import make_hclg, make_tlg
 
 
 def make_graph(lang_dir: str | Path, model_dir: str | Path, out_dir: str | Path, log=print) -> dict[str, Any]:
@@ -32,6 +32,26 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path, out_dir: str | Path,
     info = {"states": hclg.num_states, "seconds": round(time.perf_counter() - start, 3)}
     (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"HCLG: {info['states']} states in {info['seconds']} s")
+    return info
+
+
+def make_ctc_graph(lang_dir: str | Path, out_dir: str | Path, log=print) -> dict[str, Any]:
+    """Write ``TLG.fst`` (and ``words.txt``) for CTC networks over the lang's non-silence phones."""
+    lang_dir, out = Path(lang_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    def ints(name: str) -> list[int]:
+        return [int(x) for x in (lang_dir / name).read_text().split()]
+
+    lexicon = kfst.StdVectorFst.read(str(lang_dir / "L_disambig.fst"))
+    grammar = kfst.StdVectorFst.read(str(lang_dir / "G.fst"))
+    tlg = make_tlg(lexicon, grammar, ints("nonsilence.int"), ints("disambig.int"), ints("silence.int"))
+    tlg.write(str(out / "TLG.fst"))
+    (out / "words.txt").write_text((lang_dir / "words.txt").read_text())
+    info = {"states": tlg.num_states, "seconds": round(time.perf_counter() - start, 3)}
+    (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"TLG: {info['states']} states in {info['seconds']} s")
     return info
 
 
@@ -71,14 +91,22 @@ def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float,
     return info
 
 
+def decoder_kind(model: dict[str, Any]) -> str:
+    """How a network of ``nnet.models`` is decoded: ``hclg`` (hybrid), ``tlg`` (CTC over phones) or ``prefix``."""
+    if model["objective"] == "hybrid":
+        return "hclg"
+    return "tlg" if model.get("units") == "phone" else "prefix"
+
+
 def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lang_dir: str | Path,
                    shards: list, client: Any, overrides: list[dict[str, float]],
                    gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
                    desc: str = "decode") -> tuple[list[Any], list[list[DecodeResult]]]:
     """Decode ``shards`` with network ``system`` once per entry of ``overrides`` (laid over ``nnet.decode``).
 
-    Hybrids go through the GMM's HCLG, CTC networks through prefix beam search. Returns the
-    options of each setting and, per shard, one result per setting (one forward pass each).
+    Hybrids go through the GMM's HCLG, CTC networks over phones through TLG (``graph_dir``),
+    other CTC networks through prefix beam search. Returns the options of each setting and,
+    per shard, one result per setting (one forward pass each).
     """
     from dataclasses import replace
 
@@ -97,6 +125,13 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
         graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
         results = run_sharded(client, hybrid.decode_shard_settings, shards, network, priors, blob, graph_path,
                               settings, units=units, desc=desc, retries=config["dask"]["retries"])
+    elif decoder_kind(config["nnet"]["models"][system]) == "tlg":
+        if graph_dir is None:
+            raise NnetError(f"CTC network {system!r} over phones needs --graph (its TLG folder) to decode")
+        settings = [replace(ctc.graph_options(dcfg, config["decode"]), **o) for o in overrides]
+        graph_path = str(Path(graph_dir).resolve() / "TLG.fst")
+        results = run_sharded(client, ctc.decode_shard_graph_settings, shards, network, graph_path, settings,
+                              units=units, desc=desc, retries=config["dask"]["retries"])
     else:
         settings = [replace(ctc.search_options(dcfg), **o) for o in overrides]
         lm = str(Path(lang_dir).resolve() / "lm.arpa")

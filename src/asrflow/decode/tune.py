@@ -6,7 +6,8 @@ out of training (``nnet.valid_fraction`` of the training split, used so far only
 stopping), and the test sets are decoded once, with the winner:
 
 - hybrid networks: ``acoustic_scale`` × ``insertion_penalty`` through the HCLG;
-- CTC networks: ``lm_weight`` × ``word_bonus`` in the prefix beam search.
+- CTC networks over phones: ``acoustic_scale`` (from ``tlg_acoustic_scale``) × ``insertion_penalty`` through TLG;
+- other CTC networks: ``lm_weight`` × ``word_bonus`` in the prefix beam search.
 
 One forward pass per shard serves the whole grid. Held-out sets are small, so several
 settings often tie on errors; the tie goes to the setting whose grid neighbours make the
@@ -26,12 +27,16 @@ import numpy as np
 from asrflow.data.datadir import read_table
 from asrflow.score.wer import score_corpus
 
-AXES = {"hybrid": ("acoustic_scale", "insertion_penalty"), "ctc": ("lm_weight", "word_bonus")}
+#: Per decoder kind (:func:`asrflow.decode.stage.decoder_kind`): each tuned setting and the
+#: ``nnet.decode.tune`` list of values it takes.
+AXES = {"hclg": {"acoustic_scale": "acoustic_scale", "insertion_penalty": "insertion_penalty"},
+        "tlg": {"acoustic_scale": "tlg_acoustic_scale", "insertion_penalty": "insertion_penalty"},
+        "prefix": {"lm_weight": "lm_weight", "word_bonus": "word_bonus"}}
 
 
-def grid_points(tune: dict[str, Any], axes: tuple[str, ...]) -> list[dict[str, float]]:
-    """Every combination of the listed values of ``axes``, first axis slowest (row-major)."""
-    return [dict(zip(axes, values)) for values in itertools.product(*(tune[a] for a in axes))]
+def grid_points(tune: dict[str, Any], axes: dict[str, str]) -> list[dict[str, float]]:
+    """Every combination of the listed values of ``axes`` (setting -> list in ``tune``), first axis slowest."""
+    return [dict(zip(axes, values)) for values in itertools.product(*(tune[key] for key in axes.values()))]
 
 
 def neighbourhood_mean(errors: np.ndarray) -> np.ndarray:
@@ -73,7 +78,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     ``tune.json`` holds ``chosen`` (the settings the test sets are decoded with), its held-out
     errors and WER, and the whole grid.
     """
-    from asrflow.decode.stage import decode_network
+    from asrflow.decode.stage import decode_network, decoder_kind
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
     from asrflow.nnet.stage import held_out_utterances
@@ -82,7 +87,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     out.mkdir(parents=True, exist_ok=True)
     dcfg = config["nnet"]["decode"]
     objective = config["nnet"]["models"][system]["objective"]
-    axes = AXES[objective]
+    axes = AXES[decoder_kind(config["nnet"]["models"][system])]
     points = grid_points(dcfg["tune"], axes)
     held_out = held_out_utterances(config, data_dir, train_split)
     shards = split_shards(data_dir, feats_dir, lang_dir, train_split, dcfg["shard_utts"], deltas=0, only=held_out)
@@ -96,7 +101,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     for j, point in enumerate(points):
         summary, _ = score_corpus(refs, hypotheses(results, j))
         grid.append({**point, "errors": summary["errors"], "wer": summary["wer"]})
-    best = choose([g["errors"] for g in grid], tuple(len(dcfg["tune"][a]) for a in axes))
+    best = choose([g["errors"] for g in grid], tuple(len(dcfg["tune"][key]) for key in axes.values()))
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
             "words": sum(len(t.split()) for t in refs.values()), "axes": list(axes),
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}

@@ -65,3 +65,49 @@ def make_hclg(lexicon_disambig, grammar, tree, trans_model, disambig_phones: lis
                               trans_model=trans_model, ifst=hclga)
     kfst.arcsort(hclg, sort_type="ilabel")
     return hclg
+
+
+def ctc_topology(unit_phones: list[int], disambig_phones: list[int]):
+    """CTC token FST T: input labels are CTC classes + 1 (1 = blank, ``k + 1`` = unit ``k``), outputs phone ids.
+
+    State 0 follows a blank (or the start), state ``k`` unit ``k``: a unit is emitted when it
+    is entered from the blank state or from a different unit, its repeats and the blanks
+    after it emit nothing, and every state is final. Each disambiguation phone ``#i`` gets a
+    self-loop on every state with a fresh input label (``len(unit_phones) + 2 + i``) that
+    :func:`make_tlg` turns into ε after determinisation. Returns ``(T, auxiliary input labels)``.
+    """
+    units = len(unit_phones)
+    lines = ["0 0 1 0"]
+    for k, phone in enumerate(unit_phones, start=1):
+        lines += [f"0 {k} {k + 1} {phone}", f"{k} {k} {k + 1} 0", f"{k} 0 1 0"]
+        lines += [f"{k} {j} {j + 1} {other}" for j, other in enumerate(unit_phones, start=1) if j != k]
+    aux = [units + 2 + i for i in range(len(disambig_phones))]
+    for label, phone in zip(aux, disambig_phones):
+        lines += [f"{s} {s} {label} {phone}" for s in range(units + 1)]
+    lines += [str(s) for s in range(units + 1)]
+    topo = kfst.compile("\n".join(lines) + "\n")
+    kfst.arcsort(topo, sort_type="olabel")
+    return topo, aux
+
+
+def make_tlg(lexicon_disambig, grammar, unit_phones: list[int], disambig_phones: list[int],
+             silence_phones: list[int]):
+    """Build TLG for a CTC network over phones (EESEN's ``ctc_compile_dict_token.sh`` with the wheels).
+
+    The optional silence of L becomes ε (CTC's blank covers pauses); LG = min(det(L ∘ G));
+    TLG = det(T ∘ LG) with the disambiguation labels then mapped to ε, ε-removal and
+    minimisation, arc-sorted on input for the decoder.
+    """
+    lexicon = map_input_labels(lexicon_disambig, set(silence_phones))
+    kfst.arcsort(lexicon, sort_type="olabel")
+    lg = kfst.compose(lexicon, grammar)
+    kfst.determinize_star(lg, use_log=True)
+    kfst.minimize_encoded(lg)
+    topo, aux = ctc_topology(unit_phones, disambig_phones)
+    tlg = kfst.compose(topo, lg)
+    kfst.determinize_star(tlg, use_log=True)
+    tlg = map_input_labels(tlg, set(aux))
+    kfst.rmepsilon(tlg)
+    kfst.minimize_encoded(tlg)
+    kfst.arcsort(tlg, sort_type="ilabel")
+    return tlg

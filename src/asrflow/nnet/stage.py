@@ -5,7 +5,8 @@ Output folder (``results/<exp>/nnet/<train split>/<system>/``)::
     final.pt        weights of the best held-out epoch with their config (``weights_only`` loadable);
                     hybrid models also carry their log priors, CTC models their unit inventory
     priors.npy      log pdf priors from the alignments (hybrid)
-    units.model     sentencepiece model (CTC)
+    units.model     sentencepiece model (CTC over BPE or characters)
+    units.txt       the phones, class 1 first (CTC over phones)
     report.tsv      training utterances left out, and why
     manifest.json   objective, classes, parameters, epochs, held-out loss, frames/s, seconds
 
@@ -31,7 +32,7 @@ from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.train import TrainOptions, train
-from asrflow.nnet.units import Units
+from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.parallel.base import ParallelOptions
 from asrflow.workflow import parallel_settings
 
@@ -89,18 +90,32 @@ def hybrid_targets(gmm_dir: Path) -> Targets:
     return Targets(labels, num_pdfs, True, {"priors": torch.from_numpy(pdf_priors(labels, num_pdfs))})
 
 
-def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int) -> Targets:
-    """Unit sequences of the transcripts, with units trained on them."""
-    units = Units.train(texts.values(), kind, vocab_size)
-    labels = {utt: units.encode(text) for utt, text in texts.items()}
-    return Targets(labels, units.num_classes, False,
-                   {"units": torch.frombuffer(bytearray(units.model), dtype=torch.uint8)})
+def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int, lang_dir: str | Path | None = None) -> Targets:
+    """Unit sequences of the transcripts: sentencepiece units trained on them, or the lang's phones.
+
+    With phones, a transcript with a word the lexicon cannot spell gets no units (the
+    utterance is reported as ``no transcript units``).
+    """
+    if kind == "phone":
+        if lang_dir is None:
+            raise NnetError("CTC over phones needs the lang folder (--lang) for its phones and lexicon")
+        units = PhoneUnits.from_lang(lang_dir)
+        labels = {utt: classes for utt, text in texts.items() if len(classes := units.encode(text)) or not text.split()}
+        key = "phones"
+    else:
+        units = Units.train(texts.values(), kind, vocab_size)
+        labels = {utt: units.encode(text) for utt, text in texts.items()}
+        key = "units"
+    return Targets(labels, units.num_classes, False, {key: torch.frombuffer(bytearray(units.model), dtype=torch.uint8)})
 
 
 def training_data(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path,
-                  feats_dir: str | Path, gmm_dir: str | Path | None
+                  feats_dir: str | Path, gmm_dir: str | Path | None, lang_dir: str | Path | None = None
                   ) -> tuple[Targets, FeatureDataset, FeatureDataset, dict[str, str]]:
-    """Targets, training and held-out sets of network ``system``, and the utterances left out (with why)."""
+    """Targets, training and held-out sets of network ``system``, and the utterances left out (with why).
+
+    ``gmm_dir`` (its alignments) is needed by hybrids, ``lang_dir`` by CTC over phones.
+    """
     model = config["nnet"]["models"][system]
     data_dir = Path(data_dir)
     if model["objective"] == "hybrid":
@@ -109,7 +124,8 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
                             f"folder with ali/pdfs.txt (got {gmm_dir})")
         targets = hybrid_targets(Path(gmm_dir))
     else:
-        targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"])
+        targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"],
+                              lang_dir)
     utts = sorted(read_table(data_dir / train_split / "text"))
     valid_utts = held_out_utterances(config, data_dir, train_split)
     subsampling = model.get("subsampling", 1)
@@ -123,13 +139,14 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
 
 def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
                  gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
-                 log=print) -> dict[str, Any]:
+                 lang_dir: str | Path | None = None, log=print) -> dict[str, Any]:
     """Train network ``system`` on ``train_split``; rank 0 writes the folder described above."""
     model = config["nnet"]["models"][system]
     objective = model["objective"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir)
+    targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir,
+                                                             lang_dir)
     opts = train_options(config, system)
     log(f"{system} ({model['type']}, {objective}): {len(train_set)} training and {len(valid_set)} held-out "
         f"utterances, {targets.num_classes} classes; {len(rejected)} left out")
@@ -157,6 +174,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:
         if objective == "hybrid":
             np.save(out / "priors.npy", targets.extra["priors"].numpy())
+        elif "phones" in targets.extra:
+            (out / "units.txt").write_bytes(targets.extra["phones"].numpy().tobytes())
         else:
             (out / "units.model").write_bytes(targets.extra["units"].numpy().tobytes())
         shutil.rmtree(state_dir or out / "state", ignore_errors=True)

@@ -1,9 +1,10 @@
 """Transcribe wav files with a trained network: the logic behind the MLflow pyfunc model.
 
 A :class:`Transcriber` is built from a handful of files (the bundle logged with the model):
-``network`` (final.pt), ``settings`` (JSON: feature options, objective, decode options)
-and, for a hybrid network, ``gmm`` (final.mdl.pkl), ``graph`` (HCLG.fst) and ``words``
-(words.txt beside it); for CTC, optionally ``lm`` (lm.arpa). Audio is read, resampled
+``network`` (final.pt), ``settings`` (JSON: feature options, objective, decoder, decode
+options) and, for a hybrid network, ``gmm`` (final.mdl.pkl), ``graph`` (HCLG.fst) and
+``words`` (words.txt beside it); for CTC over phones ``graph`` (TLG.fst) and ``words``; for
+other CTC networks, optionally ``lm`` (lm.arpa). Audio is read, resampled
 and featurised exactly as in training. A single file has no speaker, so instead of the
 per-speaker CMVN of training it is normalised with ``cmvn`` (the training split's pooled
 statistics, ``cmvn.npy``); on FSDD that recognised 28/30 files with the DNN against 26/30
@@ -44,17 +45,23 @@ def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: 
     ``tuned`` (the tune stage's choice) replaces the configured decoder settings, so the
     model decodes as the test sets were decoded.
     """
+    from asrflow.decode.stage import decoder_kind
+    from asrflow.decode.tune import AXES
+
     out_dir = out_dir or net_dir
     model = config["nnet"]["models"][system]
-    decode = {**config["nnet"]["decode"], **(tuned or {})}
+    kind = decoder_kind(model)
+    decode = {**config["nnet"]["decode"], **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}
     opts = FeatureOptions.from_config(config["features"], config["nnet"]["features"], config["audio"]["sample_rate"])
-    settings = {"system": system, "objective": model["objective"], "features": asdict(opts),
+    settings = {"system": system, "objective": model["objective"], "decoder": kind, "features": asdict(opts),
                 "decode": decode, "tuned": tuned or {}, "graph_decode": config["decode"], "seed": config["seed"]}
     (out_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
     np.save(out_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
     files = {"network": net_dir / "final.pt", "settings": out_dir / SETTINGS, "cmvn": out_dir / "cmvn.npy"}
-    if model["objective"] == "hybrid":
+    if kind == "hclg":
         files.update(gmm=gmm_dir / "final.mdl.pkl", graph=graph_dir / "HCLG.fst", words=graph_dir / "words.txt")
+    elif kind == "tlg":
+        files.update(graph=graph_dir / "TLG.fst", words=graph_dir / "words.txt")
     elif lang_dir is not None and decode["lm_weight"] > 0:
         files["lm"] = lang_dir / "lm.arpa"
     return {k: str(v) for k, v in files.items()}
@@ -72,15 +79,18 @@ class Transcriber:
         self.cmvn = np.load(files["cmvn"]) if files.get("cmvn") else None
         self.files = files
         self._workdir = None
-        if self.settings["objective"] == "hybrid":
+        self.kind = self.settings.get("decoder", "hclg" if self.settings["objective"] == "hybrid" else "prefix")
+        if self.kind in ("hclg", "tlg"):
+            # decode_all reads words.txt beside the graph: keep both in one private folder
+            self._workdir = tempfile.mkdtemp(prefix="asrflow-graph-")
+            self.graph = f"{self._workdir}/{Path(files['graph']).name}"
+            shutil.copy(files["graph"], self.graph)
+            shutil.copy(files["words"], f"{self._workdir}/words.txt")
+        if self.kind == "hclg":
             from asrflow.gmm.model import GmmModel
 
             self.gmm = GmmModel.from_bytes(Path(files["gmm"]).read_bytes())
-            # decode_all reads words.txt beside the graph: keep both in one private folder
-            self._workdir = tempfile.mkdtemp(prefix="asrflow-graph-")
-            shutil.copy(files["graph"], f"{self._workdir}/HCLG.fst")
-            shutil.copy(files["words"], f"{self._workdir}/words.txt")
-        else:
+        elif self.kind == "prefix":
             from asrflow.lang.lm import ArpaLM
             from asrflow.nnet.units import Units
 
@@ -103,17 +113,25 @@ class Transcriber:
 
         feats = [self.featurise(p) for p in paths]
         decode = self.settings["decode"]
-        if self.settings["objective"] == "hybrid":
+        if self.kind in ("hclg", "tlg"):
+            from asrflow.decode.ctc import graph_options
             from asrflow.decode.decoder import decode_all
             from asrflow.kaldi import khg
             from asrflow.nnet.hybrid import decode_options, transition_loglikes
 
-            priors = self.header["priors"].numpy()
-            opts = decode_options(decode, self.settings["graph_decode"])
-            items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(transition_loglikes(
-                log_posteriors(self.network, x), priors, self.gmm.tid2pdf, opts.acoustic_scale)))
-                for i, x in enumerate(feats)]
-            result = decode_all(f"{self._workdir}/HCLG.fst", self.gmm.tm, opts, items)
+            if self.kind == "hclg":
+                priors = self.header["priors"].numpy()
+                opts = decode_options(decode, self.settings["graph_decode"])
+                items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(transition_loglikes(
+                    log_posteriors(self.network, x), priors, self.gmm.tid2pdf, opts.acoustic_scale)))
+                    for i, x in enumerate(feats)]
+                result = decode_all(self.graph, self.gmm.tm, opts, items)
+            else:
+                opts = graph_options(decode, self.settings["graph_decode"])
+                items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(np.ascontiguousarray(
+                    opts.acoustic_scale * log_posteriors(self.network, x), dtype=np.float32)))
+                    for i, x in enumerate(feats)]
+                result = decode_all(self.graph, None, opts, items)
             return [" ".join(result.hyps[str(i)]) for i in range(len(feats))]
         from asrflow.decode.ctc import prefix_beam_search, search_options
 

@@ -44,6 +44,7 @@ class ParallelOptions:
     compression: str = "none"  # none | 1bit | 8bit (allreduce, ring, kavg)
     timeout: float = 300.0  # seconds any wait on another learner may take before the job fails
     batch: str = "global"  # global: max_frames is one update's batch, split over combined learners; learner: each
+    stale_lr: str = "sqrt"  # ring/asgd with batch global: lr / sqrt(P) (sqrt) or lr / P (linear)
 
     def learner_frames(self, max_frames: int, world: int) -> int:
         """Frames in one learner's minibatch: ``max_frames`` split over the learners (``batch: global``)
@@ -60,10 +61,14 @@ class ParallelOptions:
         return max(1, max_frames // world)
 
     def lr_factor(self, world: int) -> float:
-        """Learning-rate factor: ``1/sqrt(P)`` when ring or asgd update with ``1/P`` of the batch
-        (Adam's square-root scaling rule for a smaller batch), else 1."""
+        """Learning-rate factor when ring or asgd update with ``1/P`` of the batch, else 1.
+
+        ``stale_lr: sqrt``: ``1/sqrt(P)`` (Adam's square-root scaling rule for a smaller
+        batch); ``linear``: ``1/P``, which also damps the staleness of their updates (a
+        gradient is ``P - 1`` updates old when it is applied).
+        """
         if world > 1 and self.batch == "global" and self.strategy in SEQUENTIAL:
-            return 1.0 / math.sqrt(world)
+            return 1.0 / (world if self.stale_lr == "linear" else math.sqrt(world))
         return 1.0
 
     def schedule_ticks(self, world: int, server: bool = False) -> float:

@@ -326,18 +326,19 @@ def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: TrainOpti
 def emulate(strategy: str, learners: int, model_config: dict, train_set: FeatureDataset, valid_set: FeatureDataset,
             num_classes: int, opts: TrainOptions, k: int = 4, group_size: int = 2, compression: str = "none",
             log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu",
-            batch: str = "global") -> EmulationResult:
+            batch: str = "global", stale_lr: str = "sqrt") -> EmulationResult:
     """Train ``learners`` virtual learners with ``strategy`` for ``opts.epochs`` epochs (no early stopping)
     and return the final model's held-out loss and frame accuracy on ``valid_set``.
 
     ``k``: kavg's local steps between averages; ``group_size``: hierarchical's learners per group
     (must divide ``learners``); ``compression`` (``none``, ``1bit``, ``8bit``) applies to allreduce,
     ring and kavg only; ``batch`` splits ``opts.max_frames`` over the learners as the trainer does
-    (:meth:`asrflow.parallel.base.ParallelOptions.learner_frames`). The held-out set is evaluated after every epoch (logged; the newbob schedule
+    (:meth:`asrflow.parallel.base.ParallelOptions.learner_frames`) and ``stale_lr`` scales the
+    ring's and asgd's rate as it does (:meth:`~asrflow.parallel.base.ParallelOptions.lr_factor`). The held-out set is evaluated after every epoch (logged; the newbob schedule
     reacts to it as in training).
     """
     _check(strategy, learners, k, group_size, compression, train_set)
-    rule = ParallelOptions(strategy=strategy, batch=batch)
+    rule = ParallelOptions(strategy=strategy, batch=batch, stale_lr=stale_lr)
     frames = rule.learner_frames(opts.max_frames, learners)
     opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))
     samplers = [BucketBatchSampler(train_set.lengths, frames, opts.seed, rank, learners)

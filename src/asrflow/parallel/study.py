@@ -78,7 +78,7 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
                 else:
                     result = emulate(strategy, n, model, train_set, valid_set, targets.num_classes, opts,
                                      k=parallel["k"], group_size=group, compression=compression,
-                                     batch=parallel["batch"])
+                                     batch=parallel["batch"], stale_lr=parallel["stale_lr"])
                     single = result if n == 1 else single
                 row = {**result.as_dict(), "strategy": strategy, "compression": compression, "source": "emulated"}
                 log(json.dumps(row))
