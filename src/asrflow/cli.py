@@ -174,14 +174,11 @@ def _log_model(run: Any, files: dict[str, str]) -> None:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from asrflow.decode.stage import make_ctc_graph, make_graph
+    from asrflow.decode.stage import make_graph
 
-    if args.ctc:
-        make_ctc_graph(args.lang, args.out, log=_log)
-    elif args.model:
-        make_graph(args.lang, args.model, args.out, log=_log)
-    else:
-        raise SystemExit("asrflow graph: give --model (HCLG for a GMM) or --ctc (TLG for phone CTC networks)")
+    if bool(args.ctc) == bool(args.model):
+        raise SystemExit("asrflow graph: give either --model (HCLG for a GMM) or --ctc (TLG for phone CTC networks)")
+    make_graph(args.lang, None if args.ctc else args.model, args.out, log=_log)
     return 0
 
 

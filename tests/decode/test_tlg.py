@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from asrflow.decode.decoder import DecodeOptions, decode_all
-from asrflow.decode.stage import decoder_kind, make_ctc_graph
+from asrflow.decode.stage import decoder_kind, make_graph
 from asrflow.kaldi import khg
 from asrflow.lang.stage import prepare_lang
 from asrflow.nnet.units import PhoneUnits
@@ -25,7 +25,7 @@ def lang(tmp_path_factory) -> Path:
     (tmp / "data" / "train" / "text").write_text("".join(f"{u} {t}\n" for u, t in TEXTS.items()))
     config = make_config(tmp, lang={"lexicon": "grapheme", "lm_order": 2})
     prepare_lang(config, tmp / "data", "train", [], tmp / "lang", log=lambda *_: None)
-    make_ctc_graph(tmp / "lang", tmp / "graph", log=lambda *_: None)
+    make_graph(tmp / "lang", None, tmp / "graph", log=lambda *_: None)
     return tmp
 
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_all
-from asrflow.kaldi import khg
+from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
 from asrflow.gmm.estep import Shard, features
 from asrflow.lang.lm import BOS, EOS, ArpaLM
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
@@ -56,22 +55,20 @@ def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str
     """Words of each utterance of a shard with a CTC network through TLG, once per setting (on a Dask worker).
 
     The scaled log posteriors are the decodable (index ``k + 1`` = class ``k``, blank first),
-    as TLG's input labels are numbered. One forward pass serves every setting; settings run
-    grouped by insertion penalty (one penalised graph each), results in the order given.
+    as TLG's input labels are numbered. One forward pass serves every setting
+    (:func:`asrflow.decode.decoder.decode_settings`).
     """
     network, _ = cached_network(network_path)
     start = time.perf_counter()
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
-    forward = time.perf_counter() - start
-    results: list[DecodeResult | None] = [None] * len(settings)
-    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
-        scale = settings[i].acoustic_scale
-        items = [(utt, x.shape[0], lambda p=p: khg.DecodableCtc(np.ascontiguousarray(scale * p, dtype=np.float32)))
-                 for utt, x, p in zip(shard.utts, feats, posteriors)]
-        results[i] = decode_all(graph_path, None, settings[i], items)
-        results[i].seconds += forward
-    return results
+    return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
+                           graph_path, None, settings, scaled_posteriors)
+
+
+def scaled_posteriors(log_post: np.ndarray, opts: DecodeOptions) -> np.ndarray:
+    """A CTC network's decodable matrix for TLG: its log posteriors times the acoustic scale."""
+    return np.ascontiguousarray(opts.acoustic_scale * log_post, dtype=np.float32)
 
 
 @dataclass

@@ -97,6 +97,25 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
     return DecodeResult(hyps, failed, total, time.perf_counter() - start)
 
 
+def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndarray], forward: float,
+                    graph_path: str, trans_model, settings: list[DecodeOptions],
+                    loglikes: Callable[[np.ndarray, DecodeOptions], np.ndarray]) -> list[DecodeResult]:
+    """Search a graph once per setting with one network forward pass (``posteriors``, which took ``forward`` s).
+
+    ``loglikes(posteriors, options)`` lays out one utterance's decodable matrix. Settings run
+    grouped by insertion penalty, so each penalised graph is built once; the results come back
+    in the order of ``settings``, each timed with the forward pass included.
+    """
+    results: list[DecodeResult | None] = [None] * len(settings)
+    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
+        opts = settings[i]
+        items = [(utt, n, lambda p=p: khg.DecodableCtc(loglikes(p, opts)))
+                 for utt, n, p in zip(utts, frames, posteriors)]
+        results[i] = decode_all(graph_path, trans_model, opts, items)
+        results[i].seconds += forward
+    return results
+
+
 def decode_shard(shard: Shard, model_blob: bytes, graph_path: str, opts: DecodeOptions) -> DecodeResult:
     """1-best word ids of each utterance of a shard with a GMM-HMM (runs on a Dask worker)."""
     model = GmmModel.from_bytes(model_blob)

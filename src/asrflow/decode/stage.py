@@ -17,26 +17,9 @@ from asrflow.kaldi import kfst
 from asrflow.lang.graph import make_hclg, make_tlg
 
 
-def make_graph(lang_dir: str | Path, model_dir: str | Path, out_dir: str | Path, log=print) -> dict[str, Any]:
-    """Write ``HCLG.fst`` (and ``words.txt``) for the model in ``model_dir``."""
-    lang_dir, out = Path(lang_dir), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    model = GmmModel.load(model_dir)
-    disambig = [int(x) for x in (lang_dir / "disambig.int").read_text().split()]
-    lexicon = kfst.StdVectorFst.read(str(lang_dir / "L_disambig.fst"))
-    grammar = kfst.StdVectorFst.read(str(lang_dir / "G.fst"))
-    hclg = make_hclg(lexicon, grammar, model.tree, model.tm, disambig)
-    hclg.write(str(out / "HCLG.fst"))
-    (out / "words.txt").write_text((lang_dir / "words.txt").read_text())
-    info = {"states": hclg.num_states, "seconds": round(time.perf_counter() - start, 3)}
-    (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
-    log(f"HCLG: {info['states']} states in {info['seconds']} s")
-    return info
-
-
-def make_ctc_graph(lang_dir: str | Path, out_dir: str | Path, log=print) -> dict[str, Any]:
-    """Write ``TLG.fst`` (and ``words.txt``) for CTC networks over the lang's non-silence phones."""
+def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path, log=print) -> dict[str, Any]:
+    """Write ``HCLG.fst`` for the GMM in ``model_dir``, or ``TLG.fst`` (``model_dir`` None) for CTC
+    networks over the lang's non-silence phones; ``words.txt`` beside it."""
     lang_dir, out = Path(lang_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -46,12 +29,17 @@ def make_ctc_graph(lang_dir: str | Path, out_dir: str | Path, log=print) -> dict
 
     lexicon = kfst.StdVectorFst.read(str(lang_dir / "L_disambig.fst"))
     grammar = kfst.StdVectorFst.read(str(lang_dir / "G.fst"))
-    tlg = make_tlg(lexicon, grammar, ints("nonsilence.int"), ints("disambig.int"), ints("silence.int"))
-    tlg.write(str(out / "TLG.fst"))
+    if model_dir is None:
+        name = "TLG"
+        graph = make_tlg(lexicon, grammar, ints("nonsilence.int"), ints("disambig.int"), ints("silence.int"))
+    else:
+        name, model = "HCLG", GmmModel.load(model_dir)
+        graph = make_hclg(lexicon, grammar, model.tree, model.tm, ints("disambig.int"))
+    graph.write(str(out / f"{name}.fst"))
     (out / "words.txt").write_text((lang_dir / "words.txt").read_text())
-    info = {"states": tlg.num_states, "seconds": round(time.perf_counter() - start, 3)}
+    info = {"states": graph.num_states, "seconds": round(time.perf_counter() - start, 3)}
     (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
-    log(f"TLG: {info['states']} states in {info['seconds']} s")
+    log(f"{name}: {info['states']} states in {info['seconds']} s")
     return info
 
 

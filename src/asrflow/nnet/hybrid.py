@@ -11,10 +11,9 @@ import time
 
 import numpy as np
 
-from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_all
+from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
-from asrflow.kaldi import khg
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
 
 
@@ -45,21 +44,14 @@ def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, g
                           settings: list[DecodeOptions]) -> list[DecodeResult]:
     """1-best words of a shard with the hybrid model, once per decoder setting (runs on a Dask worker).
 
-    One forward pass (padded batches) serves every setting, and each RTF includes it. Settings run grouped by insertion penalty, so each penalised graph is built once per shard;
-    the results come back in the order of ``settings``.
+    One forward pass (padded batches) serves every setting, and each RTF includes it
+    (:func:`asrflow.decode.decoder.decode_settings`).
     """
     network, _ = cached_network(network_path)
     gmm = GmmModel.from_bytes(gmm_blob)
     start = time.perf_counter()
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
-    forward = time.perf_counter() - start
-    results: list[DecodeResult | None] = [None] * len(settings)
-    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
-        opts = settings[i]
-        items = [(utt, x.shape[0], lambda p=p, scale=opts.acoustic_scale:
-                  khg.DecodableCtc(transition_loglikes(p, priors, gmm.tid2pdf, scale)))
-                 for utt, x, p in zip(shard.utts, feats, posteriors)]
-        results[i] = decode_all(graph_path, gmm.tm, opts, items)
-        results[i].seconds += forward
-    return results
+    return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
+                           graph_path, gmm.tm, settings,
+                           lambda p, opts: transition_loglikes(p, priors, gmm.tid2pdf, opts.acoustic_scale))

@@ -114,25 +114,21 @@ class Transcriber:
         feats = [self.featurise(p) for p in paths]
         decode = self.settings["decode"]
         if self.kind in ("hclg", "tlg"):
-            from asrflow.decode.ctc import graph_options
-            from asrflow.decode.decoder import decode_all
-            from asrflow.kaldi import khg
+            from asrflow.decode.ctc import graph_options, scaled_posteriors
+            from asrflow.decode.decoder import decode_settings
             from asrflow.nnet.hybrid import decode_options, transition_loglikes
 
+            utts = [str(i) for i in range(len(feats))]
+            posteriors = [log_posteriors(self.network, x) for x in feats]
             if self.kind == "hclg":
                 priors = self.header["priors"].numpy()
-                opts = decode_options(decode, self.settings["graph_decode"])
-                items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(transition_loglikes(
-                    log_posteriors(self.network, x), priors, self.gmm.tid2pdf, opts.acoustic_scale)))
-                    for i, x in enumerate(feats)]
-                result = decode_all(self.graph, self.gmm.tm, opts, items)
+                opts, tm = decode_options(decode, self.settings["graph_decode"]), self.gmm.tm
+                loglikes = lambda p, o: transition_loglikes(p, priors, self.gmm.tid2pdf, o.acoustic_scale)  # noqa: E731
             else:
-                opts = graph_options(decode, self.settings["graph_decode"])
-                items = [(str(i), x.shape[0], lambda x=x: khg.DecodableCtc(np.ascontiguousarray(
-                    opts.acoustic_scale * log_posteriors(self.network, x), dtype=np.float32)))
-                    for i, x in enumerate(feats)]
-                result = decode_all(self.graph, None, opts, items)
-            return [" ".join(result.hyps[str(i)]) for i in range(len(feats))]
+                opts, tm, loglikes = graph_options(decode, self.settings["graph_decode"]), None, scaled_posteriors
+            result = decode_settings(utts, [x.shape[0] for x in feats], posteriors, 0.0, self.graph, tm, [opts],
+                                     loglikes)[0]
+            return [" ".join(result.hyps[u]) for u in utts]
         from asrflow.decode.ctc import prefix_beam_search, search_options
 
         opts = search_options(decode)

@@ -50,7 +50,7 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     objective = params.get(f"{prefix}objective", "hybrid")
     sizes = [f"{k}={params[prefix + k]}" for k in NNET_SIZES if prefix + k in params
              and not (objective == "hybrid" and k in ("units", "vocab_size"))
-             and not (k == "vocab_size" and params.get(prefix + "units") == "char")]
+             and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes),
             "parallel": _parallel(params)}
 
