@@ -1,5 +1,6 @@
-# Decoding graphs (HCLG per GMM system) and decoding of the test splits on Dask:
-# GMM-HMMs and hybrid networks through HCLG, CTC networks by prefix beam search.
+# Decoding graphs (HCLG per GMM system, TLG per training split for CTC over phones) and
+# decoding of the test splits on Dask: GMM-HMMs and hybrid networks through HCLG, CTC
+# networks over phones through TLG, other CTC networks by prefix beam search.
 # A network's decoder settings are first tuned on its held-out training utterances
 # (nnet.decode.tune), never on a test set.
 

@@ -132,7 +132,7 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
                       feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
                       gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
                       tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
-    """Decode split ``test`` with network ``system``: hybrid through the GMM's HCLG, CTC by prefix beam search.
+    """Decode split ``test`` with network ``system`` (see :func:`decode_network` for how each kind is searched).
 
     ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty,
     or LM weight and word bonus.
