@@ -307,6 +307,24 @@ def cmd_bench_gmm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_nnet(args: argparse.Namespace) -> int:
+    import torch
+
+    from asrflow.nnet.bench import run_benchmark, table
+
+    config = _load(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm, "lang": args.lang}
+    frames = [int(f) for f in args.max_frames.split(",")] if args.max_frames else [None]
+    try:
+        rows = run_benchmark(config, args.systems, paths, args.epochs, frames, args.out, log=_log)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    print(table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asrflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -415,6 +433,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_bench_gmm)
+
+    p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and % of the device's peak"))
+    p.add_argument("--systems", nargs="+", required=True, help="names in nnet.models")
+    for name in ("data", "features"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--train", default="train")
+    p.add_argument("--gmm", help="GMM system folder with the alignments (hybrid networks)")
+    p.add_argument("--lang", help="lang folder (CTC over phones)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-frames", help="comma-separated batch sizes in frames (default: each network's own)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--out", default=None, help="append the JSON rows to this file")
+    p.set_defaults(func=cmd_bench_nnet)
 
     sub.add_parser("launch", help="start a training command's learners: torchrun, or srun + torchrun across nodes "
                    "(asrflow launch --learners N --nodes M -- asrflow nnet ...)", add_help=False)

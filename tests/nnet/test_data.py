@@ -113,3 +113,31 @@ def test_frequency_warp_stretches_the_bins() -> None:
     factors = out[:, 0, 10] / 10
     assert ((factors > 0.8) & (factors < 1.2)).all() and not torch.allclose(factors[0], factors[1])
     assert torch.equal(out[1, 30:], feats[1, 30:])  # padding untouched
+
+
+def test_prefetched_items_come_in_order_and_stop_cleanly() -> None:
+    from asrflow.nnet.data import prefetched
+
+    made: list[int] = []
+
+    def make(i: int) -> int:
+        made.append(i)
+        return i * i
+
+    assert list(prefetched(make, range(3, 8), depth=2)) == [(i, i * i) for i in range(3, 8)]
+    assert list(prefetched(make, range(3), depth=0)) == [(0, 0), (1, 1), (2, 4)]
+    made.clear()
+    items = prefetched(make, range(100), depth=2)
+    assert next(items) == (0, 0)
+    items.close()  # the caller stopped early (early stopping): no more than depth + 1 made
+    assert len(made) <= 4
+
+    def broken(i: int) -> int:
+        if i == 2:
+            raise ValueError("bad batch 2")
+        return i
+
+    items = prefetched(broken, range(5), depth=3)
+    assert next(items) == (0, 0) and next(items) == (1, 1)
+    with pytest.raises(ValueError, match="bad batch 2"):
+        next(items)

@@ -38,19 +38,25 @@ def test_step_times_round_trip_through_their_dict() -> None:
     assert set(times.as_dict()) >= {"t_calc", "t_transmit", "t_merge", "bytes_per_step"}
 
 
-def _summary(seconds: float, calc: float, transmit: float, merge: float, nbytes: float) -> dict:
+def _summary(seconds: float, calc: float, transmit: float, merge: float, nbytes: float, steps: int = 100) -> dict:
     return {"train_seconds": seconds, "mean_t_calc": calc, "mean_t_data": 0.0, "mean_t_transmit": transmit,
             "mean_t_merge": merge, "mean_t_wait": 0.0, "mean_bytes_per_step": nbytes,
-            "best_valid_frame_accuracy": 0.7}
+            "best_valid_frame_accuracy": 0.7, "steps": steps}
 
 
 def test_bench_rows_measure_against_the_slowest_learner() -> None:
     baseline = _summary(100.0, 0.2, 0.0, 0.005, 0.0)
-    row = bench_row("ring", [_summary(52.0, 0.2, 0.001, 0.006, 2e6), _summary(50.0, 0.2, 0.001, 0.006, 2e6)],
-                    baseline, {"strategy": "ring", "learners": 2})
+    row = bench_row("ring", [_summary(52.0, 0.2, 0.001, 0.006, 2e6, 50), _summary(50.0, 0.2, 0.001, 0.006, 2e6, 50)],
+                    baseline, {"strategy": "ring", "learners": 2, "batch": "learner"})
     assert row["learners"] == 2 and row["measured_speedup"] == pytest.approx(100 / 52)
     assert row["predicted_speedup"] == 2.0 and row["bytes_per_step"] == 2e6
     assert "ring" in table([row]) and "1.92" in table([row])
+    # each learner took half the steps at the single learner's step cost: the work split (almost) perfectly
+    assert row["split_efficiency"] == pytest.approx(0.205 * 100 / (2 * 0.206 * 50))
+    assert row["predicted_split"] == pytest.approx(2.0 * row["split_efficiency"]) and row["batch"] == "learner"
+    # batch global: as many steps as one learner, each on half the batch, costing 0.15 s instead of 0.1
+    halves = bench_row("ring", [_summary(60.0, 0.145, 0.001, 0.005, 2e6)] * 2, baseline, {"strategy": "ring"})
+    assert halves["split_efficiency"] == pytest.approx(0.205 / 0.3) and halves["batch"] == "global"
 
 
 def test_study_tables_and_figures(tmp_path) -> None:

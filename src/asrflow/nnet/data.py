@@ -11,8 +11,11 @@ every rank runs the same number of steps (synchronous all-reduce needs that).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import kaldiio
 import numpy as np
@@ -20,6 +23,8 @@ import torch
 
 from asrflow.data.datadir import read_table
 from asrflow.features import apply_cmvn, load, read_scp
+
+T = TypeVar("T")
 
 
 def read_int_archive(path: str | Path) -> dict[str, np.ndarray]:
@@ -215,3 +220,33 @@ def warp_bins(feats: torch.Tensor, factor: float) -> torch.Tensor:
     high = (low + 1).clamp(max=dim - 1)
     weight = (position - low).to(feats.dtype)
     return feats[:, low] * (1 - weight) + feats[:, high] * weight
+
+
+def prefetched(make: Callable[[int], T], indices: Iterable[int], depth: int) -> Iterator[tuple[int, T]]:
+    """``(index, make(index))`` in order, with up to ``depth`` items made ahead in a background thread.
+
+    Reading and padding the next batches then overlaps the current step's computation
+    (which releases the GIL in torch's kernels, and while waiting for a GPU). ``make`` must
+    depend on its index alone, so the result is the same as making each in turn (``depth``
+    0 does exactly that). Items not consumed when the caller stops are cancelled; an
+    exception raised by ``make`` comes out where its item is consumed.
+    """
+    if depth <= 0:
+        for index in indices:
+            yield index, make(index)
+        return
+    pending: deque[tuple[int, Future]] = deque()
+    queue = iter(indices)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="asrflow-prefetch") as pool:
+        try:
+            for index in queue:
+                pending.append((index, pool.submit(make, index)))
+                if len(pending) > depth:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()

@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, spec_augment
+from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, prefetched, spec_augment
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.parallel.base import ParallelOptions
@@ -52,6 +53,8 @@ class TrainOptions:
     amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
+    prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
+    deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
     seed: int = 0
 
 
@@ -118,6 +121,22 @@ def _autocast(device: torch.device, enabled: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
 
 
+def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: TrainOptions, objective: str, epoch: int,
+                rank: int, index: int, pin: bool = False) -> dict:
+    """Training batch ``index`` of an epoch, on the CPU: read, padded, augmented (draws seeded by
+    seed/epoch/batch/rank, so the same whenever it is made) and cut into chunks; pinned for a GPU."""
+    batch = collate([dataset[i] for i in batches[index]])
+    if any(opts.specaugment.get(k) for k in ("freq_masks", "time_masks", "freq_warp")):
+        key = np.random.SeedSequence([opts.seed, epoch, index, rank]).generate_state(1)[0]
+        draws = torch.Generator().manual_seed(int(key))
+        batch["feats"] = spec_augment(batch["feats"], batch["lengths"], opts.specaugment, draws)
+    if opts.chunk_frames and objective == "hybrid":
+        batch = chunk_batch(batch, opts.chunk_frames)
+    if pin:
+        batch = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return batch
+
+
 def _to(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
@@ -150,10 +169,14 @@ def _average(values: list[float], device: torch.device, world: int) -> list[floa
     return tensor.tolist()
 
 
-def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any, strategy: Any) -> dict:
-    """One learner's part of a checkpoint."""
-    return {"model": model.state_dict(), "optimiser": optimiser.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": torch.get_rng_state(), "strategy": strategy.state_dict()}
+def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any, strategy: Any,
+                   device: torch.device) -> dict:
+    """One learner's part of a checkpoint; on a GPU with its CUDA generator (dropout masks are drawn there)."""
+    state = {"model": model.state_dict(), "optimiser": optimiser.state_dict(), "scheduler": scheduler.state_dict(),
+             "rng": torch.get_rng_state(), "strategy": strategy.state_dict()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
 
 
 def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
@@ -188,6 +211,9 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank, world, device = _distributed(parallel.timeout)
+    if opts.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        torch.use_deterministic_algorithms(True)
     torch.manual_seed(opts.seed)
     input_dim = train_set[0][1].shape[1]
     model = build_model(model_config, input_dim, num_classes).to(device)
@@ -216,6 +242,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         scheduler.load_state_dict(mine["scheduler"])
         strategy.load_state_dict(mine["strategy"])
         torch.set_rng_state(mine["rng"].cpu())
+        if device.type == "cuda" and "cuda_rng" in mine:
+            torch.cuda.set_rng_state(mine["cuda_rng"].cpu(), device)
         state = saved["state"]
         log(f"resumed from {ckpt}: epoch {state['epoch']}, batch {state['batch']}, step {state['step']}")
     header = {"config": dict(model_config), "num_classes": num_classes, "input_dim": input_dim,
@@ -223,7 +251,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
 
     def save() -> None:
         strategy.quiesce()
-        learners = _gather(_learner_state(model, optimiser, scheduler, strategy), rank, world)
+        learners = _gather(_learner_state(model, optimiser, scheduler, strategy, device), rank, world)
         if rank == 0:
             _atomic_save({"learners": learners, "state": dict(state), "identity": identity}, ckpt)
 
@@ -234,15 +262,13 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     while state["epoch"] < opts.epochs and state["bad_epochs"] < opts.patience:
         sampler.set_epoch(state["epoch"])
         batches = sampler.epoch_batches()
-        for index in range(state["batch"], len(batches)):
-            t0 = time.perf_counter()
-            batch = collate([train_set[i] for i in batches[index]])
-            if any(opts.specaugment.get(k) for k in ("freq_masks", "time_masks", "freq_warp")):
-                key = np.random.SeedSequence([opts.seed, state["epoch"], index, rank]).generate_state(1)[0]
-                draws = torch.Generator().manual_seed(int(key))
-                batch["feats"] = spec_augment(batch["feats"], batch["lengths"], opts.specaugment, draws)
-            if opts.chunk_frames and objective == "hybrid":
-                batch = chunk_batch(batch, opts.chunk_frames)
+        make = partial(_make_batch, train_set, batches, opts, objective, state["epoch"], rank, pin=device.type == "cuda")
+        steps = prefetched(make, range(state["batch"], len(batches)), opts.prefetch)
+        while True:
+            t0 = time.perf_counter()  # the wait for the next batch is the step's data time
+            index, batch = next(steps, (None, None))
+            if index is None:
+                break
             batch = _to(batch, device)
             t1 = time.perf_counter()
             strategy.begin_step()

@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 from asrflow.parallel.timing import StepTimes, predict_speedup
 
-ROW_KEYS = ("strategy", "learners", "compression", "measured_speedup", "predicted_speedup", "t_calc", "t_transmit",
-            "t_merge", "bytes_per_step")
+ROW_KEYS = ("strategy", "learners", "compression", "batch", "measured_speedup", "predicted_speedup",
+            "split_efficiency", "predicted_split", "t_calc", "t_transmit", "t_merge", "bytes_per_step")
 
 
 def _free_port() -> int:
@@ -54,20 +54,39 @@ def _mean(summaries: list[dict[str, Any]], key: str) -> float:
     return sum(s[key] for s in summaries) / len(summaries)
 
 
+def split_efficiency(baseline: dict[str, Any], summaries: list[dict[str, Any]]) -> float:
+    """How well one learner's work splits: the single learner's local work for the data over ``n`` times a learner's.
+
+    Local work is reading + forward/backward + applying the update (``t_data + t_calc +
+    t_merge``) times the steps taken. The timing model assumes the ``n`` learners' local work
+    adds up to the single learner's (1.0); with ``batch: global`` each learner step reads
+    ``1/n`` of a minibatch, and the per-step costs that do not shrink with the batch (the
+    optimiser, Python, small kernels) make it less.
+    """
+    def work(s: dict[str, Any]) -> float:
+        return (s["mean_t_data"] + s["mean_t_calc"] + s["mean_t_merge"]) * s["steps"]
+
+    return work(baseline) / sum(work(s) for s in summaries)
+
+
 def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str, Any], parallel: dict[str, Any]) -> dict:
     """One JSON line: measured and predicted speedup with the step times (means over learners) behind it.
 
     The job takes as long as its slowest learner; bytes are the mean a learner sends per step.
+    ``predicted_speedup`` is the timing model on the learners' step times; ``predicted_split``
+    also counts the measured :func:`split_efficiency` of the work itself.
     """
     times = StepTimes(calc=_mean(summaries, "mean_t_calc") + _mean(summaries, "mean_t_data"),
                       transmit=_mean(summaries, "mean_t_transmit"), merge=_mean(summaries, "mean_t_merge"),
                       wait=_mean(summaries, "mean_t_wait"))
     summary, learners = summaries[0], len(summaries)
     seconds = max(s["train_seconds"] for s in summaries)
+    predicted, efficiency = predict_speedup(strategy, learners, times), split_efficiency(baseline, summaries)
     return {"strategy": strategy, "learners": learners, "compression": parallel.get("compression", "none"),
             "k": parallel.get("k", 4), "group_size": parallel.get("group_size", 2),
+            "batch": parallel.get("batch", "global"),
             "measured_speedup": baseline["train_seconds"] / seconds,
-            "predicted_speedup": predict_speedup(strategy, learners, times),
+            "predicted_speedup": predicted, "split_efficiency": efficiency, "predicted_split": predicted * efficiency,
             "t_calc": times.calc, "t_transmit": times.transmit, "t_merge": times.merge, "t_wait": times.wait,
             "bytes_per_step": _mean(summaries, "mean_bytes_per_step"), "train_seconds": seconds,
             "valid_frame_accuracy": summary.get("best_valid_frame_accuracy"),
@@ -111,12 +130,15 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Human-readable table of bench rows."""
-    lines = [f"{'strategy':<13}{'compr':>6}{'n':>3}{'measured':>10}{'predicted':>10}{'T_calc ms':>10}"
+    lines = [f"{'strategy':<13}{'compr':>6}{'n':>3}{'measured':>10}{'predicted':>10}{'split eff':>10}"
+             f"{'pred×eff':>9}{'T_calc ms':>10}"
              f"{'T_trans ms':>11}{'T_merge ms':>11}{'T_wait ms':>10}{'bytes/step':>12}{'frame acc':>10}"]
     for r in rows:
         acc = r.get("valid_frame_accuracy")
+        efficiency = r.get("split_efficiency", float("nan"))
         lines.append(f"{r['strategy']:<13}{r['compression']:>6}{r['learners']:>3}{r['measured_speedup']:>10.2f}"
-                     f"{r['predicted_speedup']:>10.2f}{r['t_calc'] * 1e3:>10.1f}{r['t_transmit'] * 1e3:>11.2f}"
+                     f"{r['predicted_speedup']:>10.2f}{efficiency:>10.2f}{r['predicted_speedup'] * efficiency:>9.2f}"
+                     f"{r['t_calc'] * 1e3:>10.1f}{r['t_transmit'] * 1e3:>11.2f}"
                      f"{r['t_merge'] * 1e3:>11.2f}{r['t_wait'] * 1e3:>10.2f}{r['bytes_per_step']:>12.0f}"
                      f"{(acc if acc is not None else float('nan')):>10.4f}")
     return "\n".join(lines)

@@ -113,10 +113,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                         write_figures, write_rows)
 
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm}
-    variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2}
+    variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch}
                 for s in args.strategies.split(",")]
-    variants += [{"strategy": s, "compression": c} for c in args.compressions.split(",") if c != "none"
-                 for s in ("allreduce", "ring", "kavg") if s in args.strategies.split(",")]
+    variants += [{"strategy": s, "compression": c, "batch": args.batch} for c in args.compressions.split(",")
+                 if c != "none" for s in ("allreduce", "ring", "kavg") if s in args.strategies.split(",")]
     baseline, rows = bench_parallel(args.config, args.system, paths, variants, _ints(args.learners), args.epochs,
                                     args.threads, args.repeats, log=_log)
     for row in rows:
@@ -201,6 +201,8 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--learners", default="1,2", help="learner processes (1 is the baseline)")
     p.add_argument("--group-size", type=int, default=1, help="hierarchical: learners per group in the bench")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch", choices=["global", "learner"], default="global",
+                   help="nnet.parallel.batch: max_frames split over the learners, or max_frames each")
     p.add_argument("--repeats", type=int, default=1, help="paired runs (one learner, then the strategy) per setting; the median speedup is kept")
     p.add_argument("--out", help="folder for bench.jsonl (and the study's files)")
     p.add_argument("--study", action="store_true", help="also simulate and emulate, and draw the figures")

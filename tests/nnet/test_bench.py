@@ -1,0 +1,59 @@
+"""``asrflow bench nnet``: FLOPs per frame against a hand count, peaks, and the command on a CTC network."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asrflow.cli import main
+from asrflow.nnet.bench import datasheet_peak, flops_per_frame, matmul_peak
+from asrflow.nnet.data import FeatureDataset
+
+from ..conftest import make_config
+from .synthetic import synthetic_split
+
+
+def test_datasheet_peaks_know_the_gpu_by_name() -> None:
+    assert datasheet_peak("NVIDIA H100 80GB HBM3") == 989.4
+    assert datasheet_peak("NVIDIA H100 PCIe") == 756.0  # the longer name wins
+    assert datasheet_peak("NVIDIA GeForce GTX 1080") is None
+
+
+def test_flops_per_frame_count_forward_and_backward_matrix_products(tmp_path: Path) -> None:
+    labels = synthetic_split(tmp_path, utterances=6, frames=(100, 100))  # equal lengths: no padding
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
+    dnn = {"type": "dnn", "hidden": 64, "layers": 1, "context": 0, "dropout": 0.0}
+    forward = 2 * (40 * 64 + 64 * 4)  # two Linear layers, multiply-adds counted as 2
+    backward = forward + 2 * 64 * 4  # weight gradients of both, input gradient of the second only
+    assert flops_per_frame(dnn, 40, 4, "hybrid", data, max_frames=300) == pytest.approx(forward + backward)
+
+
+def test_matmul_peak_is_positive_on_the_cpu() -> None:
+    import torch
+
+    assert matmul_peak(torch.device("cpu"), size=256, repeats=2) > 0
+
+
+def test_bench_command_trains_each_network_and_writes_rows(tmp_path: Path, capsys) -> None:
+    synthetic_split(tmp_path, utterances=24)
+    config = make_config(tmp_path, nnet={"models": {
+        "tiny_ctc": {"type": "cnn", "objective": "ctc", "units": "char", "channels": [4], "tdnn_dim": 16,
+                     "tdnn_dilations": [1], "subsampling": 2}}})
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    out = tmp_path / "bench.jsonl"
+    argv = ["bench", "nnet", "-c", str(config_file), "--systems", "tiny_ctc", "--data", str(tmp_path / "data"),
+            "--features", str(tmp_path / "feats"), "--epochs", "1", "--max-frames", "800,1600", "--out", str(out)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["max_frames"] for r in rows] == [800, 1600]
+    for row in rows:
+        assert row["device"].startswith("cpu") and row["frames_per_second"] > 0 and row["gflops_per_frame"] > 0
+        assert row["achieved_tflops"] == pytest.approx(row["gflops_per_frame"] * row["frames_per_second"] / 1e3)
+        assert row["percent_of_datasheet_peak"] is None  # no datasheet figure for a CPU
+    assert "| tiny_ctc | cpu" in capsys.readouterr().out
+    assert main(argv[:5] + ["nope"] + argv[6:]) == 2  # an unknown network is a usage error naming it
+    assert "unknown network(s) nope" in capsys.readouterr().err

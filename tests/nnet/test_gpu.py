@@ -1,0 +1,112 @@
+"""The trainer on a GPU: every model under bfloat16 autocast, and SIGKILL + resume bit-identical there.
+
+Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/nnet/test_gpu.py``.
+The data is generated (:mod:`tests.nnet.synthetic`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asrflow.nnet.data import FeatureDataset
+from asrflow.nnet.train import TrainOptions, train
+
+from .synthetic import collapse, synthetic_split
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+
+MODELS = {
+    "dnn": ({"type": "dnn", "hidden": 64, "layers": 2, "context": 2}, "hybrid"),
+    "lstm": ({"type": "lstm", "hidden": 32, "layers": 1, "bidirectional": True}, "hybrid"),
+    "cnn": ({"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]}, "hybrid"),
+    "ctc": ({"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1, 2], "subsampling": 2}, "ctc"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_learns_under_bf16_autocast(name: str, tmp_path: Path) -> None:
+    labels = synthetic_split(tmp_path)
+    config, objective = MODELS[name]
+    if objective == "ctc":  # the class sequence without repeats, as units 1..4
+        labels = {u: np.asarray([c + 1 for c in collapse(l)]) for u, l in labels.items()}
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels, objective == "hybrid",
+                          subsampling=config.get("subsampling", 1))
+    opts = TrainOptions(epochs=8, max_frames=2000, lr=5e-3, warmup_steps=5, patience=8, amp=True)
+    summary = train(config, opts, data, data, 5 if objective == "ctc" else 4, tmp_path / "out", log=lambda *_: None,
+                    objective=objective)
+    assert summary["device"].startswith("cuda")
+    chance = np.log(4.0) if objective == "hybrid" else None
+    if chance is not None:
+        assert summary["best_valid_loss"] < 0.5 * chance and summary["best_valid_frame_accuracy"] > 0.8
+    else:
+        assert summary["best_valid_loss"] < 10.0  # CTC loss per utterance, about 90 at the start
+    final = torch.load(tmp_path / "out" / "final.pt", weights_only=True, map_location="cpu")
+    assert all(v.device.type == "cpu" for v in final["model"].values())
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+import numpy as np
+from asrflow.nnet.data import FeatureDataset
+from asrflow.nnet.train import TrainOptions, train
+sys.path.insert(0, sys.argv[3])
+from tests.nnet.synthetic import synthetic_split
+
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+labels = synthetic_split(root) if not (root / "feats").exists() else None
+if labels is None:
+    from asrflow.nnet.data import read_int_archive
+    labels = read_int_archive(root / "labels.txt")
+else:
+    (root / "labels.txt").write_text("".join(f"{u} {' '.join(map(str, l))}\\n" for u, l in labels.items()))
+data = FeatureDataset(root / "data", root / "feats", "train", labels)
+opts = TrainOptions(epochs=3, max_frames=600, lr=3e-3, warmup_steps=5, checkpoint_every=5, patience=5, seed=3,
+                    deterministic=True)
+summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.2}, opts, data, data, 4, out,
+                log=lambda *_: None)
+print("device", summary["device"], "best", summary["best_valid_loss"])
+"""
+
+
+def _run(root: Path, out: Path) -> subprocess.Popen:
+    repo = str(Path(__file__).resolve().parents[2])
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(root), str(out), repo], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_and_resume_on_the_gpu_gives_the_same_model(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    root.mkdir()
+    straight = _run(root, tmp_path / "straight")
+    output = straight.communicate(timeout=300)[0]
+    assert straight.returncode == 0, output
+    assert "device cuda" in output
+    reference = torch.load(tmp_path / "straight" / "final.pt", weights_only=True, map_location="cpu")
+
+    interrupted = _run(root, tmp_path / "killed")
+    ckpt = tmp_path / "killed" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and interrupted.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert interrupted.poll() is None, "training finished before it could be killed"
+    os.kill(interrupted.pid, signal.SIGKILL)
+    interrupted.wait()
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    assert state["state"]["epoch"] == 0 and 0 < state["state"]["batch"]  # killed mid-epoch
+    assert "cuda_rng" in state["learners"][0]  # dropout masks come from the GPU's generator
+    resumed = _run(root, tmp_path / "killed")
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    final = torch.load(tmp_path / "killed" / "final.pt", weights_only=True, map_location="cpu")
+    for key, value in reference["model"].items():
+        assert torch.equal(value, final["model"][key]), key
