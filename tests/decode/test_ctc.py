@@ -66,3 +66,23 @@ def test_arpa_reader_matches_the_estimated_model(tmp_path: Path) -> None:
     for word, history in (("a", ("<s>",)), ("b", ("a",)), ("c", ("a", "b")), ("</s>", ("b", "c")), ("a", ("c", "c"))):
         assert math.isclose(arpa.logprob(word, history), math.log(lm.prob(word, history)), abs_tol=1e-5)
     assert arpa.logprob("zzz", ("a",)) == -20.0
+
+
+def test_a_closed_vocabulary_writes_only_the_lm_words(tmp_path: Path) -> None:
+    """"ab" is spelt clearly but is not a word of the LM: the closed search writes "a" or nothing instead."""
+    from asrflow.decode.ctc import Vocabulary, vocabulary_for
+
+    KneserNeyLM([["a", "c"]] * 5, order=2, vocabulary=["a", "c"]).write_arpa(tmp_path / "lm.arpa")
+    lm = ArpaLM(tmp_path / "lm.arpa")
+    vocabulary = vocabulary_for(SearchOptions(vocabulary="closed"), lm)
+    assert vocabulary.words == {"a", "c"} and vocabulary.prefixes == {"a", "c"}
+    assert vocabulary_for(SearchOptions(), lm) is None  # open: any spelling
+    opts = SearchOptions(lm_weight=0.0, word_bonus=0.0, vocabulary="closed")
+    spelt = _posteriors([1, 0, 2, 0, 3])  # a, b, c: "ab c" when open
+    assert prefix_beam_search(spelt, PIECES, STARTS, None, SearchOptions(lm_weight=0.0, word_bonus=0.0)) == ["ab", "c"]
+    assert prefix_beam_search(spelt, PIECES, STARTS, None, opts, vocabulary) == ["a", "c"]
+    only_b = prefix_beam_search(_posteriors([2, 2, 0]), PIECES, STARTS, None, opts, vocabulary)
+    assert only_b and set(only_b) <= {"a", "c"}  # "b" alone is no word: the next most probable words instead
+    longer = Vocabulary.of(["ab", "<unk>", "</s>"])
+    assert longer.words == {"ab"} and longer.prefixes == {"a", "ab"}
+    assert prefix_beam_search(spelt, PIECES, STARTS, None, opts, longer) == ["ab"]  # "c" is no word of it

@@ -6,20 +6,25 @@ Prefixes are unit sequences with separate blank / non-blank ending scores (Hannu
 ``lm_weight · ln p(word | history) + word_bonus`` to the prefix's score; the last word and
 ``</s>`` are scored at the end. Only a frame's ``max_units`` most probable units above
 ``prune`` (log probability) are tried, and a frame where blank is nearly certain only
-extends by blank.
+extends by blank. With ``vocabulary: closed`` the search writes only the LM's words: a prefix
+whose open word starts no word of the vocabulary, or that closes a word outside it, is
+dropped (a lexicon-constrained search; the open default can write any spelling, which
+suits corpora with many OOV words).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
 from asrflow.gmm.estep import Shard, features
-from asrflow.lang.lm import BOS, EOS, ArpaLM
+from asrflow.lang.lm import BOS, EOS, UNK, ArpaLM
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
 from asrflow.nnet.units import Units
 
@@ -34,12 +39,47 @@ class SearchOptions:
     prune: float = -8.0  # ln p below which a unit is not tried at a frame
     max_units: int = 8  # at most this many of a frame's most probable units are tried
     blank_skip: float = -0.01  # ln p(blank) above which (p > 99 %) only the blank extension is kept
+    vocabulary: str = "open"  # closed: only the LM's words
 
 
 def search_options(nnet_decode: dict) -> SearchOptions:
     """The prefix beam search settings of ``nnet.decode``."""
     return SearchOptions(beam=nnet_decode["beam"], lm_weight=nnet_decode["lm_weight"],
-                         word_bonus=nnet_decode["word_bonus"], prune=nnet_decode["prune"])
+                         word_bonus=nnet_decode["word_bonus"], prune=nnet_decode["prune"],
+                         vocabulary=nnet_decode["vocabulary"])
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The words a closed-vocabulary search may write, and every non-empty prefix of them."""
+
+    words: frozenset[str]
+    prefixes: frozenset[str]
+
+    @classmethod
+    def of(cls, words: Iterable[str]) -> "Vocabulary":
+        """From a word list (an LM's vocabulary: ``<s>``, ``</s>`` and ``<unk>`` are left out)."""
+        kept = frozenset(w for w in words if w not in (BOS, EOS, UNK))
+        return cls(kept, frozenset(w[:i] for w in kept for i in range(1, len(w) + 1)))
+
+    def allows(self, before: "_Words", after: "_Words") -> bool:
+        """Whether extending ``before`` to ``after`` keeps every word inside the vocabulary."""
+        closed = len(after.history) > len(before.history) and after.history[-1] not in self.words
+        return not closed and (not after.partial or after.partial in self.prefixes)
+
+
+def vocabulary_for(opts: SearchOptions, lm: ArpaLM | None) -> Vocabulary | None:
+    """The LM's :class:`Vocabulary` when ``opts`` asks for a closed vocabulary, else None."""
+    if opts.vocabulary != "closed":
+        return None
+    if lm is None:
+        raise ValueError("a closed-vocabulary CTC search needs the LM (its words are the vocabulary)")
+    if lm not in _VOCABULARIES:
+        _VOCABULARIES[lm] = Vocabulary.of(lm.vocab)
+    return _VOCABULARIES[lm]
+
+
+_VOCABULARIES: "weakref.WeakKeyDictionary[ArpaLM, Vocabulary]" = weakref.WeakKeyDictionary()
 
 
 def graph_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
@@ -113,8 +153,12 @@ def _candidates(frame: np.ndarray, opts: SearchOptions) -> list[int]:
 
 
 def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.ndarray, lm: ArpaLM | None,
-                       opts: SearchOptions) -> list[str]:
-    """Best word sequence for one utterance's CTC log posteriors ``(frames, classes)``; class 0 = blank."""
+                       opts: SearchOptions, vocabulary: Vocabulary | None = None) -> list[str]:
+    """Best word sequence for one utterance's CTC log posteriors ``(frames, classes)``; class 0 = blank.
+
+    With a ``vocabulary`` every word written is one of its words (an unfinished last word is
+    dropped if no prefix in the beam ends on a whole word).
+    """
     beams: dict[tuple, tuple[float, float]] = {(): (0.0, NEG_INF)}  # prefix -> (ln p blank-end, non-blank-end)
     words: dict[tuple, _Words] = {(): _Words(0.0, (BOS,), "")}
     for frame in log_probs:
@@ -134,23 +178,27 @@ def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.
                 p = float(frame[c])
                 new = prefix + (c,)
                 if new not in words:
-                    words[new] = _extend(words[prefix], pieces[c], bool(word_start[c]), lm, opts)
+                    extended = _extend(words[prefix], pieces[c], bool(word_start[c]), lm, opts)
+                    words[new] = extended if vocabulary is None or vocabulary.allows(words[prefix], extended) else None
                 if c == last:
                     add(prefix, NEG_INF, pnb + p)  # a repeat without blank collapses
-                    add(new, NEG_INF, pb + p)  # a repeat after blank is a new unit
-                else:
-                    add(new, NEG_INF, total + p)
+                if words[new] is None:  # out of the vocabulary
+                    continue
+                add(new, NEG_INF, pb + p if c == last else total + p)  # after a blank, a repeat is a new unit
         ranked = sorted(nxt.items(), key=lambda kv: _lse(*kv[1]) + words[kv[0]].score, reverse=True)
         beams = {prefix: (scores[0], scores[1]) for prefix, scores in ranked[: opts.beam]}
 
     def final(prefix: tuple) -> float:
+        if vocabulary is not None and words[prefix].partial and words[prefix].partial not in vocabulary.words:
+            return NEG_INF
         score, history = _close(words[prefix], lm, opts)
         end = opts.lm_weight * lm.logprob(EOS, history) if lm is not None else 0.0
         return _lse(*beams[prefix]) + score + end
 
     best = max(beams, key=final)
     w = words[best]
-    return [x for x in w.history if x != BOS] + ([w.partial] if w.partial else [])
+    finished = vocabulary is None or final(best) > NEG_INF
+    return [x for x in w.history if x != BOS] + ([w.partial] if w.partial and finished else [])
 
 
 def decode_shard_settings(shard: Shard, network_path: str, lm_path: str | None,
@@ -171,8 +219,8 @@ def decode_shard_settings(shard: Shard, network_path: str, lm_path: str | None,
     results = []
     for opts in settings:
         begin = time.perf_counter()
-        use = lm if opts.lm_weight > 0 else None
-        hyps = {utt: prefix_beam_search(p, units.pieces, units.word_start, use, opts)
+        use, vocabulary = lm if opts.lm_weight > 0 else None, vocabulary_for(opts, lm)
+        hyps = {utt: prefix_beam_search(p, units.pieces, units.word_start, use, opts, vocabulary)
                 for utt, p in zip(shard.utts, posteriors)}
         results.append(DecodeResult(hyps, [], frames, forward + time.perf_counter() - begin))
     return results

@@ -129,8 +129,10 @@ class Transcriber:
             result = decode_settings(utts, [x.shape[0] for x in feats], posteriors, 0.0, self.graph, tm, [opts],
                                      loglikes)[0]
             return [" ".join(result.hyps[u]) for u in utts]
-        from asrflow.decode.ctc import prefix_beam_search, search_options
+        from asrflow.decode.ctc import prefix_beam_search, search_options, vocabulary_for
 
         opts = search_options(decode)
+        vocabulary = vocabulary_for(opts, self.lm)
         return [" ".join(prefix_beam_search(log_posteriors(self.network, x), self.units.pieces,
-                                            self.units.word_start, self.lm, opts)) for x in feats]
+                                            self.units.word_start, self.lm if opts.lm_weight > 0 else None, opts,
+                                            vocabulary)) for x in feats]
