@@ -14,7 +14,7 @@ from asrflow.nnet.bench import datasheet_peak, flops_per_frame, matmul_peak
 from asrflow.nnet.data import FeatureDataset
 
 from ..conftest import make_config
-from .synthetic import synthetic_split
+from .helpers import synthetic_split
 
 
 def test_datasheet_peaks_know_the_gpu_by_name() -> None:

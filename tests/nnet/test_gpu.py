@@ -1,16 +1,13 @@
 """The trainer on a GPU: every model under bfloat16 autocast, and SIGKILL + resume bit-identical there.
 
 Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/nnet/test_gpu.py``.
-The data is generated (:mod:`tests.nnet.synthetic`).
+The data is generated (:mod:`tests.nnet.helpers`).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,7 @@ import torch
 from asrflow.nnet.data import FeatureDataset
 from asrflow.nnet.train import TrainOptions, train
 
-from .synthetic import collapse, synthetic_split
+from .helpers import collapse, kill_at_first_checkpoint, synthetic_split
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 
@@ -60,7 +57,7 @@ import numpy as np
 from asrflow.nnet.data import FeatureDataset
 from asrflow.nnet.train import TrainOptions, train
 sys.path.insert(0, sys.argv[3])
-from tests.nnet.synthetic import synthetic_split
+from tests.nnet.helpers import synthetic_split
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 labels = synthetic_split(root) if not (root / "feats").exists() else None
@@ -93,14 +90,7 @@ def test_sigkill_and_resume_on_the_gpu_gives_the_same_model(tmp_path: Path) -> N
     assert "device cuda" in output
     reference = torch.load(tmp_path / "straight" / "final.pt", weights_only=True, map_location="cpu")
 
-    interrupted = _run(root, tmp_path / "killed")
-    ckpt = tmp_path / "killed" / "checkpoint.pt"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and interrupted.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert interrupted.poll() is None, "training finished before it could be killed"
-    os.kill(interrupted.pid, signal.SIGKILL)
-    interrupted.wait()
+    ckpt = kill_at_first_checkpoint(_run(root, tmp_path / "killed"), tmp_path / "killed" / "checkpoint.pt")
     state = torch.load(ckpt, weights_only=True, map_location="cpu")
     assert state["state"]["epoch"] == 0 and 0 < state["state"]["batch"]  # killed mid-epoch
     assert "cuda_rng" in state["learners"][0]  # dropout masks come from the GPU's generator

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from .helpers import kill_at_first_checkpoint
 from .test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
 
 SCRIPT = """
@@ -47,14 +46,7 @@ def test_sigkill_and_resume_gives_the_same_model(fbank, tmp_path: Path) -> None:
     assert best < 0.9 * torch.log(torch.tensor(4.0)).item()  # learnt something beyond chance (ln 4)
     reference = torch.load(tmp_path / "straight" / "final.pt", weights_only=True)
 
-    interrupted = _run(fbank, tmp_path / "killed")
-    ckpt = tmp_path / "killed" / "checkpoint.pt"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and interrupted.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert interrupted.poll() is None, "training finished before it could be killed"
-    os.kill(interrupted.pid, signal.SIGKILL)
-    interrupted.wait()
+    ckpt = kill_at_first_checkpoint(_run(fbank, tmp_path / "killed"), tmp_path / "killed" / "checkpoint.pt")
     state = torch.load(ckpt, weights_only=True)["state"]
     assert state["epoch"] == 0 and 0 < state["batch"]  # killed mid-epoch
     resumed = _run(fbank, tmp_path / "killed")

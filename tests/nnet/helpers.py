@@ -1,11 +1,17 @@
-"""Generated training data for the trainer's tests: a data dir and a feature dir of split ``train``.
+"""Helpers of the trainer's tests: generated training data, and killing a run at its first checkpoint.
 
-40-dim features whose frame class (one of 4, held for 20 frames) is written into the
-features, so a network learns it in a few steps; transcripts spell the class sequence.
+The data is a data dir and a feature dir of split ``train``: 40-dim features whose frame
+class (one of 4, held for 20 frames) is written into the features, so a network learns it
+in a few steps; transcripts spell the class sequence. No module here needs more than the
+trainer does, so the GPU tests run on a machine with torch and the trainer's packages only.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,3 +51,14 @@ def synthetic_split(root: Path, utterances: int = 48, dim: int = 40, seed: int =
 def collapse(classes: np.ndarray) -> list[int]:
     """The class sequence without repeats."""
     return [int(c) for j, c in enumerate(classes) if j == 0 or c != classes[j - 1]]
+
+
+def kill_at_first_checkpoint(training: subprocess.Popen, ckpt: Path) -> Path:
+    """SIGKILL a training process as soon as it has written its first checkpoint ``ckpt``."""
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and training.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert training.poll() is None, "training finished before it could be killed"
+    os.kill(training.pid, signal.SIGKILL)
+    training.wait()
+    return ckpt
