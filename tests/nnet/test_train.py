@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from .helpers import kill_at_first_checkpoint
@@ -112,3 +113,13 @@ def test_the_schedule_follows_the_data_whoever_reads_it() -> None:
     server, learner = Schedule("warmup_invsqrt", 10, ticks=4.0), Schedule("warmup_invsqrt", 10, ticks=0.5)
     for step in (0, 5, 9, 40):
         assert server(4 * step + 3) == one(step + 0.75) and learner(step) == one(2 * step)
+
+
+def test_each_learner_takes_its_own_gpu_or_fails_saying_why() -> None:
+    from asrflow.nnet import NnetError
+    from asrflow.nnet.train import learner_device
+
+    assert learner_device(0, 0) == torch.device("cpu") == learner_device(3, 0)  # no GPU: every learner on the CPU
+    assert learner_device(1, 2) == torch.device("cuda", 1)
+    with pytest.raises(NnetError, match="learner 1 of this node has no GPU: the node has 1 GPU"):
+        learner_device(1, 1)

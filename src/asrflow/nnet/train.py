@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from asrflow.nnet import NnetError
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, prefetched, spec_augment
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
@@ -104,16 +105,31 @@ def _distributed(timeout: float = 1800.0) -> tuple[int, int, torch.device]:
     group is created with both backends there.
     """
     cuda = torch.cuda.is_available()
+    device = learner_device(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count() if cuda else 0)
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         from datetime import timedelta
 
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), device
     return 0, 1, device
+
+
+def learner_device(local_rank: int, gpus: int) -> torch.device:
+    """The GPU of the node's ``local_rank``-th learner, or the CPU on a node without GPUs.
+
+    NCCL takes one GPU per learner, so a node with GPUs but fewer than its learners is an
+    error that says so (rather than CUDA's "invalid device ordinal" later).
+    """
+    if gpus == 0:
+        return torch.device("cpu")
+    if local_rank >= gpus:
+        raise NnetError(f"learner {local_rank} of this node has no GPU: the node has {gpus} GPU(s), and each "
+                        f"learner needs its own (NCCL). Set nnet.parallel.learners to at most {gpus} per node, "
+                        f"or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    return torch.device("cuda", local_rank)
 
 
 def _autocast(device: torch.device, enabled: bool):
