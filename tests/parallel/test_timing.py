@@ -54,7 +54,7 @@ def test_bench_rows_measure_against_the_slowest_learner() -> None:
     # each learner took half the steps at the single learner's step cost: the work split (almost) perfectly
     assert row["split_efficiency"] == pytest.approx(0.205 * 100 / (2 * 0.206 * 50))
     assert row["predicted_split"] == pytest.approx(2.0 * row["split_efficiency"]) and row["batch"] == "learner"
-    # batch global: as many steps as one learner, each on half the batch, costing 0.15 s instead of 0.1
+    # batch global: as many steps as one learner, each on half the batch but costing 0.15 s of 0.205
     halves = bench_row("ring", [_summary(60.0, 0.145, 0.001, 0.005, 2e6)] * 2, baseline, {"strategy": "ring"})
     assert halves["split_efficiency"] == pytest.approx(0.205 / 0.3) and halves["batch"] == "global"
 
