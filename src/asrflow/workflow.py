@@ -197,22 +197,29 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
 
 # Where the learners run, not what they compute: moving a job onto a cluster retrains nothing.
 LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
+# Settings that change where or how fast a network trains, never what it learns: left out of
+# its fingerprint, so changing them retrains nothing.
+RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 
 
-def _without_launch(key: str, value: Any) -> Any:
-    if key.endswith("parallel") and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in LAUNCH_KEYS}
-    if key.startswith("nnet.models.") and isinstance(value, dict) and "parallel" in value:
-        rest = {k: v for k, v in value.items() if k != "parallel"}
-        parallel = _without_launch("parallel", value["parallel"])
-        return {**rest, "parallel": parallel} if parallel else rest
+def _without_runtime(key: str, value: Any) -> Any:
+    section = key.rsplit(".", 1)[-1]
+    if section in RUNTIME_KEYS and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section]}
+    if key.startswith("nnet.models.") and isinstance(value, dict):
+        out = dict(value)
+        for name in RUNTIME_KEYS:
+            if name in out:
+                kept = _without_runtime(name, out.pop(name))
+                out.update({name: kept} if kept else {})
+        return out
     return value
 
 
 def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system: str = "") -> str:
-    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), launch settings aside."""
+    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), runtime settings aside."""
     keys = [k.format(kind=kind, system=system) for k in STAGE_SECTIONS[stage]]
-    return section_fingerprint({k: _without_launch(k, _lookup(config, k)) for k in keys}, *keys)
+    return section_fingerprint({k: _without_runtime(k, _lookup(config, k)) for k in keys}, *keys)
 
 
 def pipeline_started(config: dict[str, Any]) -> None:

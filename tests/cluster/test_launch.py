@@ -87,8 +87,12 @@ def test_launch_settings_do_not_retrain(tmp_path) -> None:
     moved = make_config(tmp_path, nnet={"parallel": {"launcher": "srun", "gpus": True, "port": 29500},
                                         "models": {"dnn": {"type": "dnn", "parallel": {"nodes": 1}}}})
     changed = make_config(tmp_path, nnet={"parallel": {"strategy": "ring"}, "models": {"dnn": {"type": "dnn"}}})
-    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, moved, changed)]
-    assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+    faster = make_config(tmp_path, nnet={"train": {"prefetch": 0}, "models": {"dnn": {"type": "dnn",
+                                                                                         "train": {"prefetch": 4}}}})
+    slower = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"prefetch": 1, "epochs": 3}}}})
+    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, moved, changed, faster, slower)]
+    assert fingerprint[0] == fingerprint[1] == fingerprint[3] != fingerprint[2]
+    assert fingerprint[4] not in fingerprint[:4]  # epochs beside prefetch still count
 
 
 def test_learners_must_fill_the_nodes(tmp_path) -> None:

@@ -245,7 +245,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     state_path = Path(state_dir) if state_dir else out
     state_path.mkdir(parents=True, exist_ok=True)
     ckpt = state_path / CHECKPOINT
-    identity = repr((sorted(model_config.items()), objective, num_classes, input_dim, sorted(vars(opts).items()),
+    identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
+                     sorted((k, v) for k, v in vars(opts).items() if k != "prefetch"),  # prefetching changes no result
                      len(train_set), world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)})))
     saved = torch.load(ckpt, weights_only=True, map_location=device) if ckpt.is_file() else None
     if saved is not None and saved.get("identity") != identity:
