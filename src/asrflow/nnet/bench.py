@@ -94,8 +94,7 @@ def bench_network(config: dict[str, Any], system: str, paths: dict[str, Any], ep
     model = config["nnet"]["models"][system]
     targets, train_set, valid_set, _ = training_data(config, system, paths["train"], paths["data"],
                                                      paths["features"], paths.get("gmm"), paths.get("lang"))
-    opts = train_options(config, system)
-    opts.epochs, opts.patience, opts.checkpoint_every = epochs, epochs + 1, 10 ** 9
+    opts = train_options(config, system, epochs)
     if max_frames:
         opts.max_frames = max_frames
     with tempfile.TemporaryDirectory(prefix="asrflow-bench-nnet-") as tmp:

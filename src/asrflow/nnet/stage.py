@@ -47,11 +47,18 @@ class Targets:
     extra: dict[str, Any]  # stored in final.pt (e.g. the unit inventory)
 
 
-def train_options(config: dict[str, Any], system: str) -> TrainOptions:
-    """``nnet.train`` overlaid with the model's own ``train`` overrides, plus the experiment seed."""
+def train_options(config: dict[str, Any], system: str, epochs: int | None = None) -> TrainOptions:
+    """``nnet.train`` overlaid with the model's own ``train`` overrides, plus the experiment seed.
+
+    With ``epochs`` (the benchmarks): exactly that many epochs, no early stopping and no
+    checkpoints but those at the epoch ends.
+    """
     merged = {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
     known = {f.name for f in fields(TrainOptions)}
-    return TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"])
+    opts = TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"])
+    if epochs is not None:
+        opts.epochs, opts.patience, opts.checkpoint_every = epochs, epochs + 1, 10 ** 9
+    return opts
 
 
 def parallel_options(config: dict[str, Any], system: str) -> ParallelOptions:

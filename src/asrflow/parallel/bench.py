@@ -165,8 +165,7 @@ def _worker(argv: list[str] | None = None) -> None:
     config = load_config(*args.config)
     targets, train_set, valid_set, _ = training_data(config, args.system, args.train, args.data, args.features,
                                                      args.gmm)
-    opts = train_options(config, args.system)
-    opts.epochs, opts.patience, opts.checkpoint_every = args.epochs, args.epochs + 1, 10 ** 9
+    opts = train_options(config, args.system, args.epochs)
     model = config["nnet"]["models"][args.system]
     summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
                     log=lambda m: None, objective=model["objective"], extra=targets.extra,
