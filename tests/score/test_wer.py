@@ -40,6 +40,12 @@ def test_ser_speakers_oov_and_missing_hypothesis() -> None:
     assert "#csid 0 0 0 2" in format_alignment(scores[2])
 
 
+def test_csid_counts_correct_words_beside_an_insertion() -> None:
+    """Kaldi's #csid line: correct, substituted, inserted, deleted (an insertion is not a correct word)."""
+    score = align_words("yes yes no".split(), "yes yes yes no".split())
+    assert format_alignment(score).splitlines()[-1].split()[-5:] == ["#csid", "3", "0", "1", "0"]
+
+
 def test_insertions_only() -> None:
     score = align_words([], ["uh"])
     assert score.counts.ins == 1 and score.counts.wer == 1.0

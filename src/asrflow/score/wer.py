@@ -129,6 +129,6 @@ def format_alignment(score: UtteranceScore) -> str:
         f"{score.utt_id} ref  {line([r for r, _ in score.pairs])}",
         f"{score.utt_id} hyp  {line([h for _, h in score.pairs])}",
         f"{score.utt_id} op   {line(ops)}",
-        f"{score.utt_id} #csid {len(ops) - score.counts.errors + score.counts.ins} {score.counts.sub} "
+        f"{score.utt_id} #csid {len(ops) - score.counts.errors} {score.counts.sub} "
         f"{score.counts.ins} {score.counts.dele}",
     ])
