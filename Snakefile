@@ -4,6 +4,8 @@
 # and another with --configfile config/experiments/<name>.yaml.
 from asrflow.workflow import (
     dask_threads,
+    ensemble_inputs,
+    ensemble_systems,
     launch_resources,
     network_systems,
     nnet_decode_inputs,
@@ -22,6 +24,7 @@ from asrflow.workflow import (
     study_args,
     system_pattern,
     tests_of,
+    trained_networks,
     train_split,
 )
 

@@ -12,7 +12,7 @@ rule nnet:
         directory(f"{RESULTS}/nnet/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system=system_pattern(network_systems(config)),
+        system=system_pattern(trained_networks(config)),
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
@@ -38,3 +38,26 @@ rule nnet:
         "asrflow launch --config {params.config} --system {wildcards.system} -- asrflow nnet --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --data {input.data} --features {input.features} {params.optional} --state {params.state}"
         " --threads {threads} --out {output} > {log} 2>&1"
+
+
+# An ensemble is assembled from its members' trained networks (frame-level combination of
+# their tied-state posteriors); it is then tuned, decoded and scored like any hybrid network.
+rule ensemble:
+    input:
+        unpack(lambda wildcards: ensemble_inputs(config, wildcards.train, wildcards.system)),
+    output:
+        directory(f"{RESULTS}/nnet/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system=system_pattern(ensemble_systems(config)),
+    params:
+        config=RESOLVED,
+        fingerprint=lambda wildcards: stage_fingerprint(config, "ensemble", system=wildcards.system),
+    log:
+        f"{RESULTS}/logs/ensemble.{{train}}.{{system}}.log",
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow ensemble --config {params.config} --system {wildcards.system} --train {wildcards.train}"
+        " --members {input.members} --features {input.features} --gmm {input.gmm} --graph {input.graph}"
+        " --lang {input.lang} --out {output} > {log} 2>&1"

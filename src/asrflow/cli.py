@@ -164,6 +164,27 @@ def cmd_nnet(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ensemble(args: argparse.Namespace) -> int:
+    from asrflow.nnet.ensemble import assemble
+    from asrflow.nnet.transcribe import bundle_files
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
+        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train, "asrflow.strategy": "ensemble"})
+        manifest = assemble(config, args.system, args.members, args.out, log=_log)
+        run.log_params({"nnet.ensemble.members": ",".join(manifest["members"]),
+                        "nnet.ensemble.combine": manifest["combine"]})
+        run.log_metrics({"parameters": manifest["parameters"], "seconds": manifest["seconds"]})
+        out = Path(args.out)
+        for name in ("manifest.json", "report.tsv", "final.pt"):
+            run.log_artifact(out / name)
+        if not config["nnet"]["decode"]["tune"]["enabled"]:  # else the tune stage logs it, with its settings
+            _log_model(run, bundle_files(config, args.system, out, Path(args.features), args.train, Path(args.gmm),
+                                         Path(args.graph), Path(args.lang)))
+    return 0
+
+
 def _log_model(run: Any, files: dict[str, str]) -> None:
     """Log the pyfunc transcriber of ``files`` (:func:`asrflow.nnet.transcribe.bundle_files`) into ``run``."""
     from asrflow.tracking.pyfunc import log_transcriber
@@ -385,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="folder for the resumable training state (default: <out>/state)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads, shared by the local processes")
     p.set_defaults(func=cmd_nnet)
+
+    p = with_config(sub.add_parser("ensemble", help="combine trained hybrid networks into an ensemble network"))
+    p.add_argument("--system", required=True, help="an ensemble in nnet.models")
+    p.add_argument("--members", nargs="+", required=True, help="the members' network folders, in config order")
+    for name in ("train", "features", "gmm", "graph", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.set_defaults(func=cmd_ensemble)
 
     p = with_config(sub.add_parser("decode", help="decode a test split (GMM or network) on Dask"))
     for name in ("system", "test", "model", "data", "features", "lang", "out"):

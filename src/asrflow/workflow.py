@@ -32,6 +32,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "decode": ("decode",),
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
              "nnet.models.{system}"),
+    "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
 }
@@ -94,6 +95,21 @@ def network_systems(config: dict[str, Any]) -> list[str]:
     return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS]
 
 
+def ensemble_systems(config: dict[str, Any]) -> list[str]:
+    """The evaluated networks that are ensembles (assembled from trained members, not trained)."""
+    models = config["nnet"]["models"]
+    return [s for s in network_systems(config) if models[s]["type"] == "ensemble"]
+
+
+def trained_networks(config: dict[str, Any]) -> list[str]:
+    """The networks the nnet rule trains: evaluated ones that are not ensembles, and every ensemble's members."""
+    models = config["nnet"]["models"]
+    names = [s for s in network_systems(config) if models[s]["type"] != "ensemble"]
+    for ensemble in ensemble_systems(config):
+        names += [m for m in models[ensemble]["members"] if m not in names]
+    return names
+
+
 def system_pattern(names: list[str] | tuple[str, ...]) -> str:
     """A wildcard constraint matching exactly ``names`` (matching nothing when empty)."""
     return "|".join(re.escape(n) for n in names) or "(?!x)x"
@@ -110,6 +126,13 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
         inputs.update(gmm=f"{root}/gmm/{train}/{ali}", graph=f"{root}/graph/{train}/{ali}")
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
+    return inputs
+
+
+def ensemble_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, Any]:
+    """Inputs of assembling ensemble ``system`` on ``train``: its members' networks, and what a hybrid is decoded with."""
+    inputs: dict[str, Any] = nnet_inputs(config, train, system)
+    inputs["members"] = [f"{results_dir(config)}/nnet/{train}/{m}" for m in config["nnet"]["models"][system]["members"]]
     return inputs
 
 
@@ -202,10 +225,16 @@ LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
 RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 
 
+# Settings whose null means "inherit" a value the fingerprint already holds (nnet.train.seed: the
+# experiment's seed): left out while null, so adding them to the schema retrains nothing.
+INHERITING_KEYS = {"train": ("seed",)}
+
+
 def _without_runtime(key: str, value: Any) -> Any:
     section = key.rsplit(".", 1)[-1]
     if section in RUNTIME_KEYS and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section]}
+        return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section]
+                and not (k in INHERITING_KEYS.get(section, ()) and v is None)}
     if key.startswith("nnet.models.") and isinstance(value, dict):
         out = dict(value)
         for name in RUNTIME_KEYS:

@@ -129,3 +129,13 @@ def test_the_rule_passes_the_config_not_the_launch_settings(tmp_path) -> None:
     bad = subprocess.run([sys.executable, "-m", "asrflow.cli", "launch", "--config", str(path), "--system", "dnx",
                           "--", "true"], capture_output=True, text=True)
     assert bad.returncode == 1 and "'dnx' is not a network" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_null_seed_is_the_experiment_seed_in_the_fingerprint(tmp_path) -> None:
+    """nnet.train.seed null inherits the experiment's seed: the same fingerprint as before the key existed."""
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    same = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"seed": None}}}})
+    other = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"seed": 5}}}})
+    assert base["nnet"]["train"]["seed"] is None
+    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, same, other)]
+    assert fingerprint[0] == fingerprint[1] != fingerprint[2]

@@ -164,8 +164,11 @@ def _check_systems(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system (mono, tri) nor "
                               f"a network in nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                               + f"; networks defined: {', '.join(models) or 'none'}")
+    for name, model in models.items():
+        _check_ensemble(name, model, models)
     study = config["nnet"]["parallel_study"]
-    if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"):
+    if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
+                             or models[study["system"]]["type"] == "ensemble"):
         hint = difflib.get_close_matches(study["system"], list(models), n=1)
         raise ConfigError(f"config key 'nnet.parallel_study.system': {study['system']!r} is not a hybrid network in "
                           f"nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
@@ -191,6 +194,29 @@ def _check_systems(config: dict[str, Any]) -> None:
                 models[name] = complete_model_config(model)
             except ValueError as exc:
                 raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
+
+
+def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:
+    """An ensemble names two or more hybrid networks of ``models`` (no ensembles); other types name none."""
+    key = f"config key 'nnet.models.{name}"
+    if model["type"] != "ensemble":
+        for option in ("members", "combine"):
+            if option in model:
+                raise ConfigError(f"{key}.{option}': only an ensemble has {option} (this is a {model['type']} model)")
+        return
+    if "members" not in model:
+        raise ConfigError(f"{key}': an ensemble needs members (two or more hybrid networks of nnet.models)")
+    if model.get("objective", "hybrid") != "hybrid":
+        raise ConfigError(f"{key}.objective': ensembles combine hybrid networks only")
+    for member in model["members"]:
+        other = models.get(member)
+        if other is None:
+            hint = difflib.get_close_matches(member, list(models), n=1)
+            raise ConfigError(f"{key}.members': {member!r} is not a network in nnet.models"
+                              + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        if other["type"] == "ensemble" or other.get("objective", "hybrid") != "hybrid":
+            raise ConfigError(f"{key}.members': {member!r} is not a hybrid network (ensembles combine the "
+                              f"tied-state posteriors of hybrid networks trained on the same alignments)")
 
 
 def load_config(*paths: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Acoustic models: DNN over spliced frames, (B)LSTM with optional projection, CNN + TDNN.
+"""Acoustic models: DNN over spliced frames, (B)LSTM with optional projection, CNN + TDNN, and ensembles of them.
 
 One factory, :func:`build_model`, builds every variant from a config dict, so a new model
 is a config, not a copy of the trainer. Every model maps features ``(batch, frames, dim)``
@@ -9,6 +9,7 @@ none subsamples unless asked (``subsampling`` on the CNN), so hybrid frame targe
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -125,7 +126,39 @@ class CNN(nn.Module):
         return self.output(y.transpose(1, 2)), out_lengths
 
 
-MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN}
+class Ensemble(nn.Module):
+    """Trained networks over one output inventory, combined frame by frame (system combination).
+
+    ``members`` are the members' network configs as stored in their ``final.pt``. ``combine``:
+    ``log_linear`` averages the members' log posteriors (a geometric mean, renormalised by the
+    ``log_softmax`` every consumer applies), ``linear`` averages their posteriors. The output
+    is a log posterior per frame, so decoders take it as any network's logits.
+    """
+
+    COMBINE = ("log_linear", "linear")
+
+    def __init__(self, input_dim: int, output_dim: int, members: tuple[dict[str, Any], ...] = (),
+                 combine: str = "log_linear") -> None:
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError("an ensemble needs at least two member networks")
+        if combine not in self.COMBINE:
+            raise ValueError(f"unknown combine {combine!r}; known: {', '.join(self.COMBINE)}")
+        self.combine = combine
+        self.members = nn.ModuleList(build_model(m, input_dim, output_dim) for m in members)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = [member(x, lengths) for member in self.members]
+        out_lengths = outputs[0][1]
+        if any(not torch.equal(o[1], out_lengths) for o in outputs[1:]):
+            raise ValueError("ensemble members give different numbers of output frames (subsampling must agree)")
+        log_post = torch.stack([torch.log_softmax(o[0].float(), dim=-1) for o in outputs])
+        if self.combine == "linear":
+            return torch.logsumexp(log_post, dim=0) - math.log(len(outputs)), out_lengths
+        return log_post.mean(dim=0), out_lengths
+
+
+MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "ensemble": Ensemble}
 
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).

@@ -48,14 +48,15 @@ class Targets:
 
 
 def train_options(config: dict[str, Any], system: str, epochs: int | None = None) -> TrainOptions:
-    """``nnet.train`` overlaid with the model's own ``train`` overrides, plus the experiment seed.
+    """``nnet.train`` overlaid with the model's own ``train`` overrides; the seed is the experiment's unless set there.
 
     With ``epochs`` (the benchmarks): exactly that many epochs, no early stopping and no
     checkpoints but those at the epoch ends.
     """
     merged = {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
+    seed = merged.pop("seed", None)
     known = {f.name for f in fields(TrainOptions)}
-    opts = TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"])
+    opts = TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"] if seed is None else seed)
     if epochs is not None:
         opts.epochs, opts.patience, opts.checkpoint_every = epochs, epochs + 1, 10 ** 9
     return opts
@@ -124,6 +125,9 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     ``gmm_dir`` (its alignments) is needed by hybrids, ``lang_dir`` by CTC over phones.
     """
     model = config["nnet"]["models"][system]
+    if model["type"] == "ensemble":
+        raise NnetError(f"{system!r} is an ensemble of trained networks: `asrflow ensemble` assembles it from "
+                        f"{', '.join(model['members'])}; it is not trained")
     data_dir = Path(data_dir)
     if model["objective"] == "hybrid":
         if gmm_dir is None or not (Path(gmm_dir) / "ali" / "pdfs.txt").is_file():
