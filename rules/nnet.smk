@@ -53,8 +53,13 @@ rule ensemble:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "ensemble", system=wildcards.system),
+    resources:
+        mem_mb=per_attempt(2000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(30),  # minutes (sbatch -t)
     log:
         f"{RESULTS}/logs/ensemble.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/ensemble.{{train}}.{{system}}.tsv"
     conda:
         "../envs/cpu.yaml"
     shell:

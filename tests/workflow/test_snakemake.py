@@ -11,7 +11,8 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "lstm", "cnn", "ctc", "ctc_phone")
+NETWORKS = ("dnn", "lstm", "cnn", "ctc", "ctc_phone")  # trained
+ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = pytest.mark.workflow
 
@@ -51,10 +52,10 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("yesno")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    systems = ("mono", "tri", *NETWORKS)
+    systems = ("mono", "tri", *NETWORKS, ENSEMBLE)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
-                         "gmm-mono-train", "gmm-tri-train", *[f"nnet-{s}-train" for s in NETWORKS],
-                         *[f"tune-{s}-train" for s in NETWORKS],
+                         "gmm-mono-train", "gmm-tri-train", *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
+                         *[f"tune-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
     assert len(history) == 40 and history[-1].value > history[1].value
@@ -83,7 +84,7 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     planned = jobs_planned(out.stdout)
     # fbank feeds the networks only: the GMM side (mfcc) stays as it is
-    assert planned == {"features", "nnet", "tune_nnet", "decode_nnet", "score", "compare", "all"}, out.stdout
+    assert planned == {"features", "nnet", "ensemble", "tune_nnet", "decode_nnet", "score", "compare", "all"}, out.stdout
     outputs = re.findall(r"^\s+output: (\S+)", out.stdout, flags=re.M)
     assert "results/yesno/features/fbank" in outputs and "results/yesno/features/mfcc" not in outputs
     assert not any("/gmm/" in o or "/decode/tri/" in o for o in outputs), out.stdout
@@ -91,7 +92,7 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "graph_ctc", "decode", "nnet",
-                                        "tune_nnet", "decode_nnet", "score", "compare", "all"}
+                                        "ensemble", "tune_nnet", "decode_nnet", "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 
@@ -133,8 +134,14 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     # measured: 2-4 errors each, all insertions (README); the GMM triphone gets 0
     assert all(e <= 8 for e in errors.values()), errors
     assert min(errors.values()) <= 3, errors
+    ensemble = json.loads((res / "nnet" / "train" / ENSEMBLE / "manifest.json").read_text())
+    members = [json.loads((res / "nnet" / "train" / m / "manifest.json").read_text()) for m in ("dnn", "lstm", "cnn")]
+    assert ensemble["members"] == ["dnn", "lstm", "cnn"] and ensemble["parameters"] == sum(
+        m["parameters"] for m in members)
+    summary = json.loads((res / "score" / ENSEMBLE / "test.json").read_text())
+    assert summary["n_ref_words"] == 232 and summary["errors"] <= 8 and 0 < summary["rtf"] < 0.05, summary
     table = (res / "compare" / "table.md").read_text()
-    for system in ("mono", "tri", *NETWORKS):
+    for system in ("mono", "tri", *NETWORKS, ENSEMBLE):
         assert f"| {system} |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
@@ -153,7 +160,7 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
     refs = read_table(res / "data" / "test" / "text")
     utts = sorted(wavs)[:6]
     mlflow.set_tracking_uri(f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
-    for system in ("dnn", "ctc", "ctc_phone"):
+    for system in ("dnn", ENSEMBLE, "ctc", "ctc_phone"):
         # with decoder tuning on, the model is logged by the tune stage and decodes with its choice
         run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'tune-{system}-train'")[0]
         chosen = json.loads((res / "tune" / "train" / system / "tune.json").read_text())["chosen"]

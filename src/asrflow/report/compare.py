@@ -18,7 +18,7 @@ from asrflow.tracking.query import RunRecord
 GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians"))}
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
-              "subsampling", "units", "vocab_size")
+              "subsampling", "units", "vocab_size", "members", "combine")
 
 
 @dataclass
