@@ -172,9 +172,7 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     config = _load(args)
     with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train, "asrflow.strategy": "ensemble"})
-        manifest = assemble(config, args.system, args.members, args.out, log=_log)
-        run.log_params({"nnet.ensemble.members": ",".join(manifest["members"]),
-                        "nnet.ensemble.combine": manifest["combine"]})
+        manifest = assemble(config, args.system, args.members, args.out, log=_log)  # members: the config params
         run.log_metrics({"parameters": manifest["parameters"], "seconds": manifest["seconds"]})
         out = Path(args.out)
         for name in ("manifest.json", "report.tsv", "final.pt"):

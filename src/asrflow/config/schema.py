@@ -206,7 +206,7 @@ def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) ->
         return
     if "members" not in model:
         raise ConfigError(f"{key}': an ensemble needs members (two or more hybrid networks of nnet.models)")
-    if model.get("objective", "hybrid") != "hybrid":
+    if model["objective"] != "hybrid":
         raise ConfigError(f"{key}.objective': ensembles combine hybrid networks only")
     for member in model["members"]:
         other = models.get(member)
@@ -214,7 +214,7 @@ def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) ->
             hint = difflib.get_close_matches(member, list(models), n=1)
             raise ConfigError(f"{key}.members': {member!r} is not a network in nnet.models"
                               + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-        if other["type"] == "ensemble" or other.get("objective", "hybrid") != "hybrid":
+        if other["type"] == "ensemble" or other["objective"] != "hybrid":
             raise ConfigError(f"{key}.members': {member!r} is not a hybrid network (ensembles combine the "
                               f"tied-state posteriors of hybrid networks trained on the same alignments)")
 

@@ -22,6 +22,7 @@ import torch
 
 from asrflow.nnet import NnetError
 from asrflow.nnet.models import build_model, network_config, parameter_count
+from asrflow.nnet.train import atomic_save
 
 
 def load_member(net_dir: Path) -> dict[str, Any]:
@@ -36,8 +37,9 @@ def load_member(net_dir: Path) -> dict[str, Any]:
     return saved
 
 
-def combined_checkpoint(members: list[dict[str, Any]], names: list[str], combine: str) -> dict[str, Any]:
-    """One ``final.pt`` content holding ``members`` (their ``final.pt`` contents) as an ensemble.
+def combined_checkpoint(members: list[dict[str, Any]], names: list[str], combine: str
+                        ) -> tuple[dict[str, Any], torch.nn.Module]:
+    """One ``final.pt`` content holding ``members`` (their ``final.pt`` contents) as an ensemble, and that model.
 
     The members must predict the same pdfs from the same features: equal class counts,
     input dimensions and log priors (the priors come from the alignments, so equal priors
@@ -59,7 +61,7 @@ def combined_checkpoint(members: list[dict[str, Any]], names: list[str], combine
     model.load_state_dict(state)  # checks that every member's weights fit its config
     return {"model": model.state_dict(), "config": config, "num_classes": first["num_classes"],
             "input_dim": first["input_dim"], "objective": "hybrid", "priors": first["priors"],
-            "member_names": names}
+            "member_names": names}, model
 
 
 def assemble(config: dict[str, Any], system: str, member_dirs: list[str | Path], out_dir: str | Path,
@@ -76,21 +78,18 @@ def assemble(config: dict[str, Any], system: str, member_dirs: list[str | Path],
         raise NnetError(f"ensemble {system!r} has members {', '.join(model['members'])}; "
                         f"got the folders of {', '.join(names)}")
     members = [load_member(d) for d in dirs]
-    saved = combined_checkpoint(members, names, model["combine"])
+    saved, network = combined_checkpoint(members, names, model["combine"])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "final.pt.tmp"
-    torch.save(saved, tmp)
-    tmp.replace(out / "final.pt")
+    atomic_save(saved, out / "final.pt")
     np.save(out / "priors.npy", saved["priors"].numpy())
-    reports = [(d / "report.tsv").read_text().splitlines()[1:] if (d / "report.tsv").is_file() else [] for d in dirs]
-    (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{line}\n" for line in sorted(set().union(*reports))))
-    manifests = [json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").is_file() else {} for d in dirs]
-    parameters = parameter_count(build_model(saved["config"], saved["input_dim"], saved["num_classes"]))
+    reports = set().union(*((d / "report.tsv").read_text().splitlines()[1:] for d in dirs))
+    (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{line}\n" for line in sorted(reports)))
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in dirs]
+    parameters = parameter_count(network)
     manifest = {"system": system, "type": "ensemble", "objective": "hybrid", "members": names,
                 "combine": model["combine"], "classes": saved["num_classes"], "parameters": parameters,
-                "seconds": round(sum(m.get("seconds", 0.0) for m in manifests), 3),
-                "train": manifests[0].get("train") if manifests else None}
+                "seconds": round(sum(m["seconds"] for m in manifests), 3), "train": manifests[0]["train"]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"{system}: ensemble of {', '.join(names)} ({model['combine']}), {parameters} parameters")
     return manifest

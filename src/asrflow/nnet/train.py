@@ -92,7 +92,8 @@ def newbob_update(schedule: Schedule, previous: float, current: float, opts: Tra
     return False
 
 
-def _atomic_save(state: dict, path: Path) -> None:
+def atomic_save(state: dict, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -270,7 +271,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         strategy.quiesce()
         learners = _gather(_learner_state(model, optimiser, scheduler, strategy, device), rank, world)
         if rank == 0:
-            _atomic_save({"learners": learners, "state": dict(state), "identity": identity}, ckpt)
+            atomic_save({"learners": learners, "state": dict(state), "identity": identity}, ckpt)
 
     valid_part = valid_set.part(rank, world)
     start = time.perf_counter()
@@ -334,7 +335,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
         if valid_loss < state["best"] - 1e-4:
             state["best"], state["bad_epochs"], state["best_accuracy"] = valid_loss, 0, valid_acc
             if rank == 0:
-                _atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
+                atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
         else:
             state["bad_epochs"] += 1
         state["epoch"] += 1
@@ -345,7 +346,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     if rank == 0:
         best_path = state_path / "best.pt"
         best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
-        _atomic_save(best or {"model": model.state_dict(), **header}, out / "final.pt")
+        atomic_save(best or {"model": model.state_dict(), **header}, out / "final.pt")
     seconds = time.perf_counter() - start
     busy = max(totals["data"] + totals["calc"] + totals["transmit"] + totals["merge"] + totals["wait"], 1e-9)
     steps = max(totals["steps"], 1)
