@@ -14,6 +14,7 @@ from asrflow.workflow import (
     optional_args,
     parallel_study_targets,
     per_attempt,
+    perturbed_split,
     compare_targets,
     pipeline_finished,
     pipeline_started,

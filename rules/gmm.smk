@@ -32,3 +32,36 @@ rule gmm:
         "asrflow gmm --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --data {input.data} --features {input.features} --lang {input.lang} {params.mono}"
         " --out {output} --workers {threads} > {log} 2>&1"
+
+
+# Speed-perturbed copies of a training split (audio.speed_perturb) aligned by its trained
+# system: the targets of networks with nnet.train.speed_perturb (Kaldi's align_si.sh on train_sp).
+rule align:
+    input:
+        data=f"{RESULTS}/data",
+        features=f"{RESULTS}/features/mfcc",
+        lang=f"{RESULTS}/lang/{{train}}",
+        gmm=f"{RESULTS}/gmm/{{train}}/{{system}}",
+    output:
+        directory(f"{RESULTS}/align/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system="mono|tri",
+    params:
+        config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "align"),
+        split=lambda wildcards: perturbed_split(wildcards.train),
+    threads: dask_threads(config, workflow.cores)
+    resources:
+        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(120),  # minutes (sbatch -t)
+    log:
+        f"{RESULTS}/logs/align.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/align.{{train}}.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow align --config {params.config} --system {wildcards.system} --gmm {input.gmm}"
+        " --split {params.split} --data {input.data} --features {input.features} --lang {input.lang}"
+        " --out {output} --workers {threads} > {log} 2>&1"

@@ -117,6 +117,23 @@ def cmd_gmm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_align(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.gmm.stage import align_split
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"align-{args.system}-{args.split}", resolved_config=args.config[-1]) as run:
+        with dask_client(config["dask"], args.workers, log=_log) as client:
+            manifest = align_split(config, args.system, args.gmm, args.split, args.data, args.features, args.lang,
+                                   args.out, client, log=_log)
+        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.split})
+        run.log_metrics({k: manifest[k] for k in ("aligned", "failed", "retried", "seconds", "loglike_per_frame")})
+        for name in ("manifest.json", "report.tsv"):
+            run.log_artifact(Path(args.out) / name)
+    return 0
+
+
 def cmd_nnet(args: argparse.Namespace) -> int:
     import os
 
@@ -136,7 +153,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
     graph = Path(args.graph) if args.graph else None
     if rank != 0:  # only rank 0 talks to MLflow
         train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, StageRun(),
-                     state_dir=args.state, lang_dir=args.lang, log=lambda m: None)
+                     state_dir=args.state, lang_dir=args.lang, alignments=args.alignments, log=lambda m: None)
         return 0
     with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         parallel = parallel_settings(config, args.system)
@@ -144,7 +161,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
                       "asrflow.strategy": parallel["strategy"] if world > 1 else "single"})
         run.log_params({f"nnet.parallel.effective.{k}": v for k, v in parallel.items()})
         manifest = train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, run,
-                                state_dir=args.state, lang_dir=args.lang, log=_log)
+                                state_dir=args.state, lang_dir=args.lang, alignments=args.alignments, log=_log)
         means = ("mean_t_data", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step")
         run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
                                                       "rejected", *means)},
@@ -387,6 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_gmm)
 
+    p = with_config(sub.add_parser("align", help="force-align a split with a trained GMM system on Dask"))
+    p.add_argument("--system", required=True, choices=["mono", "tri"])
+    p.add_argument("--gmm", required=True, help="the GMM system's folder")
+    p.add_argument("--split", required=True, help="the split to align (e.g. train_sp: speed-perturbed copies)")
+    for name in ("data", "features", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--workers", type=int, default=None)
+    p.set_defaults(func=cmd_align)
+
     p = sub.add_parser("graph", help="build HCLG for a trained GMM system, or TLG for phone CTC networks")
     p.add_argument("--lang", required=True)
     p.add_argument("--model", help="GMM system folder: build its HCLG")
@@ -399,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("train", "data", "features", "out"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--gmm", help="GMM system folder with the alignments (hybrid)")
+    p.add_argument("--alignments", help="align stage folder: that GMM's alignments of <train>_sp (speed_perturb)")
     p.add_argument("--graph", help="its HCLG folder (bundled into the MLflow model of a hybrid network)")
     p.add_argument("--lang", help="lang folder (its LM is bundled into the MLflow model of a CTC network)")
     p.add_argument("--state", help="folder for the resumable training state (default: <out>/state)")

@@ -17,18 +17,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import ConfigError, resolve_config, section_fingerprint, write_resolved
+from asrflow.config import ConfigError, model_train, resolve_config, section_fingerprint, write_resolved
 from asrflow.config.schema import reapply_replaced
+from asrflow.data.perturb import perturbed_split
 
 #: Config sections (dotted) each stage reads; ``{kind}`` is the feature kind.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "data": ("corpus", "audio.min_duration", "audio.max_duration"),
+    "data": ("corpus", "audio.min_duration", "audio.max_duration", "audio.speed_perturb"),
     "features": ("audio.sample_rate", "seed", "features.frame_length_ms", "features.frame_shift_ms",
                  "features.dither", "features.preemphasis", "features.remove_dc_offset", "features.window",
                  "features.low_freq", "features.high_freq", "features.snip_edges", "features.shard_utts",
                  "features.{kind}"),
     "lang": ("lang",),
     "gmm": ("seed", "gmm"),
+    "align": ("gmm",),
     "decode": ("decode",),
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
              "nnet.models.{system}"),
@@ -124,6 +126,8 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
     if model["objective"] == "hybrid":
         ali = config["nnet"]["alignments"]
         inputs.update(gmm=f"{root}/gmm/{train}/{ali}", graph=f"{root}/graph/{train}/{ali}")
+        if model["type"] != "ensemble" and model_train(config, system)["speed_perturb"]:
+            inputs["alignments"] = f"{root}/align/{train}/{ali}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
     return inputs
@@ -225,16 +229,22 @@ LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
 RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 
 
-# Settings whose null means "inherit" a value the fingerprint already holds (nnet.train.seed: the
-# experiment's seed): left out while null, so adding them to the schema retrains nothing.
-INHERITING_KEYS = {"train": ("seed",)}
+# Settings at a value that changes nothing (nnet.train.seed null: the experiment's seed, which the
+# fingerprint already holds; an augmentation switched off): left out while at it, so adding such
+# settings to the schema reruns nothing.
+NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False},
+                                             "": {"audio.speed_perturb": []}}
+
+
+def _neutral(section: str, key: str, value: Any) -> bool:
+    neutral = NEUTRAL_VALUES.get(section, {})
+    return key in neutral and value == neutral[key]
 
 
 def _without_runtime(key: str, value: Any) -> Any:
     section = key.rsplit(".", 1)[-1]
     if section in RUNTIME_KEYS and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section]
-                and not (k in INHERITING_KEYS.get(section, ()) and v is None)}
+        return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section] and not _neutral(section, k, v)}
     if key.startswith("nnet.models.") and isinstance(value, dict):
         out = dict(value)
         for name in RUNTIME_KEYS:
@@ -248,6 +258,7 @@ def _without_runtime(key: str, value: Any) -> Any:
 def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system: str = "") -> str:
     """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), runtime settings aside."""
     keys = [k.format(kind=kind, system=system) for k in STAGE_SECTIONS[stage]]
+    keys = [k for k in keys if not _neutral("", k, _lookup(config, k))]
     return section_fingerprint({k: _without_runtime(k, _lookup(config, k)) for k in keys}, *keys)
 
 

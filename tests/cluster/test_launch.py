@@ -139,3 +139,15 @@ def test_a_null_seed_is_the_experiment_seed_in_the_fingerprint(tmp_path) -> None
     assert base["nnet"]["train"]["seed"] is None
     fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, same, other)]
     assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+
+
+def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> None:
+    """audio.speed_perturb [] and nnet.train.speed_perturb false rerun nothing that ran before the keys existed."""
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    off = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"speed_perturb": False}}}})
+    on = make_config(tmp_path, audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]},
+                     nnet={"models": {"dnn": {"type": "dnn", "train": {"speed_perturb": True}}}})
+    assert base["audio"]["speed_perturb"] == [] and base["nnet"]["train"]["speed_perturb"] is False
+    for stage, system in (("data", ""), ("nnet", "dnn")):
+        fingerprint = [stage_fingerprint(c, stage, system=system) for c in (base, off, on)]
+        assert fingerprint[0] == fingerprint[1] != fingerprint[2]

@@ -29,6 +29,17 @@ def test_defaults_filled_deeply() -> None:
         ({"experiment": "x", "corpus": {"name": "timit"}}, "config key 'corpus.name'"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"min_duration": 5, "max_duration": 1}},
          "audio.min_duration"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"speed_perturb": [0.9, 3.0]}},
+         "config key 'audio.speed_perturb.1': 3.0 is greater than the maximum of 2.0"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"speed_perturb": [1.0]},
+          "nnet": {"models": {"dnn": {"type": "dnn", "train": {"speed_perturb": True}}}},
+          "evaluation": {"systems": ["dnn"]}},
+         "config key 'nnet.models.dnn': speed_perturb is on but audio.speed_perturb has no factor other than 1.0"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"speed_perturb": [0.9, 1.1]},
+          "nnet": {"models": {"a": {"type": "dnn", "train": {"speed_perturb": True}}, "b": {"type": "dnn"},
+                              "e": {"type": "ensemble", "members": ["a", "b"]}}},
+          "evaluation": {"systems": ["e"]}},
+         "config key 'nnet.models.e.members': a train with speed_perturb and the others without"),
     ],
 )
 def test_errors_name_the_key(raw: dict, message: str) -> None:

@@ -1,4 +1,5 @@
-"""GMM training on Dask: the same model with 1 or 2 workers, and when a worker dies mid E-step."""
+"""GMM training on Dask: the same model with 1 or 2 workers, and when a worker dies mid E-step; aligning
+the speed-perturbed copies of the training split with the trained model."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from asrflow.cluster import dask_client
 from asrflow.data.stage import prepare_data
 from asrflow.features.stage import extract_features
+from asrflow.data.datadir import read_table
 from asrflow.gmm.shards import split_shards
+from asrflow.gmm.stage import align_split, read_alignments
 from asrflow.gmm.train import train_mono
 from asrflow.lang.stage import prepare_lang
 
@@ -26,7 +30,8 @@ SMALL = {"mono": {"iterations": 6, "realign_iterations": [1, 2, 4], "gaussians":
 def yesno(tmp_path_factory, mirror, dask_client_1):
     tmp = tmp_path_factory.mktemp("gmm")
     os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
-    config = make_config(tmp, corpus={"name": "yesno"}, features={"kinds": ["mfcc"]}, gmm=SMALL)
+    config = make_config(tmp, corpus={"name": "yesno"}, features={"kinds": ["mfcc"]}, gmm=SMALL,
+                         audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.0, 1.1]})
     prepare_data(config, tmp / "data", dask_client_1, log=QUIET)
     extract_features(config, tmp / "data", "mfcc", tmp / "mfcc", dask_client_1, log=QUIET)
     prepare_lang(config, tmp / "data", "train", ["test"], tmp / "lang", log=QUIET)
@@ -87,3 +92,30 @@ def test_same_model_with_two_workers_and_a_killed_worker(yesno, dask_client_1) -
     assert result.model.to_bytes() == reference.model.to_bytes()
     assert result.alignments.keys() == reference.alignments.keys()
     assert all((result.alignments[u] == reference.alignments[u]).all() for u in reference.alignments)
+
+
+def _speech_start(phones: list[str]) -> int:
+    """The first frame of a non-silence phone."""
+    return next(i for i, p in enumerate(phones) if not p.startswith("SIL"))
+
+
+def test_speed_perturbed_copies_align_where_their_audio_moved(yesno, dask_client_1, tmp_path) -> None:
+    config, shards, lang = yesno
+    root = lang.parent
+    result, _ = _train(config, shards, lang, dask_client_1)
+    result.model.save(tmp_path / "mono")
+    manifest = align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
+                           tmp_path / "align", dask_client_1, log=QUIET)
+    assert (manifest["utterances"], manifest["aligned"], manifest["failed"]) == (93, 93, 0)
+    ali = read_alignments(tmp_path / "align" / "ali" / "transition_ids.txt")
+    frames = {u: int(n) for u, n in read_table(root / "mfcc" / "train_sp" / "utt2num_frames").items()}
+    assert all(len(ali[u]) == frames[u] for u in frames)
+    phones = {line.split()[0]: line.split()[1:]
+              for line in (tmp_path / "align" / "ali" / "phones.txt").read_text().splitlines()}
+    for factor in (0.9, 1.1):
+        # the audio plays `factor` times as fast: a copy is 1/factor as long, and its speech starts 1/factor as late
+        ratios = [frames[f"sp{factor}-{u}"] / frames[u] for u in result.alignments]
+        assert np.median(ratios) == pytest.approx(1 / factor, abs=0.01)
+        moved = [abs(_speech_start(phones[f"sp{factor}-{u}"]) - _speech_start(phones[u]) / factor)
+                 for u in result.alignments]
+        assert np.median(moved) <= 2

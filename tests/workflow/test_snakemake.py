@@ -11,7 +11,7 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "lstm", "cnn", "ctc", "ctc_phone")  # trained
+NETWORKS = ("dnn", "dnn_sp", "lstm", "cnn", "ctc", "ctc_phone")  # trained (dnn_sp on speed-perturbed copies)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = pytest.mark.workflow
@@ -22,8 +22,10 @@ def test_outputs(yesno_run: Path) -> None:
     assert len((res / "data" / "train" / "wav.scp").read_text().splitlines()) == 31
     assert len((res / "data" / "test" / "text").read_text().splitlines()) == 29
     assert (res / "data" / "report.tsv").read_text().splitlines() == ["utt_id\tfile\treason"]
+    sp = (res / "data" / "train_sp" / "utt2speed").read_text().splitlines()  # audio.speed_perturb: 0.9, 1.0, 1.1
+    assert len(sp) == 93 and sp[0] == "0_0_0_0_1_1_1_1 1" and sp[-1] == "sp1.1-0_1_1_1_1_1_1_1 1.1"
     for kind, dim in (("mfcc", 13), ("fbank", 40)):
-        assert len((res / "features" / kind / "feats.scp").read_text().splitlines()) == 60
+        assert len((res / "features" / kind / "feats.scp").read_text().splitlines()) == 60 + 62
         assert (res / "features" / kind / "test" / "cmvn.scp").is_file()
         assert f'"dim": {dim}' in (res / "features" / kind / "manifest.json").read_text()
     for name in ("data", "features.mfcc", "features.fbank"):
@@ -54,7 +56,8 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     systems = ("mono", "tri", *NETWORKS, ENSEMBLE)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
-                         "gmm-mono-train", "gmm-tri-train", *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
+                         "gmm-mono-train", "gmm-tri-train", "align-tri-train_sp",
+                         *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"tune-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
@@ -66,8 +69,10 @@ def test_mlflow_runs(yesno_run: Path) -> None:
         if stage != "pipeline-yesno":
             assert runs[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
             assert runs[stage].info.status == "FINISHED"
-    for stage in ("data", "features-mfcc", "features-fbank"):
-        assert runs[stage].data.metrics["utterances"] == 60
+    assert runs["data"].data.metrics["utterances"] == 60 and runs["data"].data.metrics["split.train_sp.utterances"] == 93
+    for stage in ("features-mfcc", "features-fbank"):
+        assert runs[stage].data.metrics["utterances"] == 60 + 62  # and the speed-perturbed copies
+    assert runs["align-tri-train_sp"].data.metrics["aligned"] == 93
     dnn = runs["nnet-dnn-train"].data  # trained by two learner processes passing the model round a ring
     assert dnn.tags["asrflow.strategy"] == "ring" and dnn.params["nnet.parallel.effective.learners"] == "2"
     assert dnn.metrics["mean_bytes_per_step"] > 0 and dnn.metrics["mean_t_calc"] > 0
@@ -91,7 +96,7 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     # a corpus option reruns the data stage and everything after it
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
-    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "graph", "graph_ctc", "decode", "nnet",
+    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "align", "graph", "graph_ctc", "decode", "nnet",
                                         "ensemble", "tune_nnet", "decode_nnet", "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
@@ -131,6 +136,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
             {k: g[k] for k in tune["axes"]} for g in tune["grid"]]
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
+    plain, sp = (json.loads((res / "nnet" / "train" / s / "manifest.json").read_text()) for s in ("dnn", "dnn_sp"))
+    # the held-out utterances are the same, and their speed-perturbed copies stay out of training
+    assert sp["valid_utterances"] == plain["valid_utterances"] == 6 and sp["train_utterances"] == 3 * 25
+    assert (plain["train_data"], sp["train_data"]) == ("train", "train_sp")
     # measured: 2-4 errors each, all insertions (README); the GMM triphone gets 0
     assert all(e <= 8 for e in errors.values()), errors
     assert min(errors.values()) <= 3, errors
@@ -143,6 +152,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     table = (res / "compare" / "table.md").read_text()
     for system in ("mono", "tri", *NETWORKS, ENSEMBLE):
         assert f"| {system} |" in table
+    assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
 

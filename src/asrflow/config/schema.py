@@ -166,6 +166,7 @@ def _check_systems(config: dict[str, Any]) -> None:
                               + f"; networks defined: {', '.join(models) or 'none'}")
     for name, model in models.items():
         _check_ensemble(name, model, models)
+        _check_speed_perturb(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):
@@ -194,6 +195,26 @@ def _check_systems(config: dict[str, Any]) -> None:
                 models[name] = complete_model_config(model)
             except ValueError as exc:
                 raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
+
+
+def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
+    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides."""
+    return {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
+
+
+def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:
+    """A network with speed_perturb needs factors; an ensemble's members all train with it or all without
+    (their tied-state priors come from the alignments they trained on)."""
+    model = config["nnet"]["models"][name]
+    if model["type"] == "ensemble":
+        perturbed = [m for m in model.get("members", []) if model_train(config, m)["speed_perturb"]]
+        if perturbed and len(perturbed) < len(model["members"]):
+            raise ConfigError(f"config key 'nnet.models.{name}.members': {', '.join(perturbed)} train with "
+                              f"speed_perturb and the others without; an ensemble's members share one set of "
+                              f"alignments and priors")
+    elif model_train(config, name)["speed_perturb"] and not set(config["audio"]["speed_perturb"]) - {1.0}:
+        raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb is on but audio.speed_perturb "
+                          f"has no factor other than 1.0 (e.g. [0.9, 1.0, 1.1])")
 
 
 def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:

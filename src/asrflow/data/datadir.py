@@ -1,6 +1,7 @@
 """The Kaldi data-dir contract: ``wav.scp``, ``text``, ``utt2spk``, ``spk2utt``, ``utt2dur``,
 ``segments`` (only when utterances are parts of recordings) and ``utt2sr`` (the source
-sample rate, so the features stage knows what to resample).
+sample rate, so the features stage knows what to resample), and ``utt2speed`` (only when some
+utterance is a speed-perturbed copy: its factor, see :mod:`asrflow.data.perturb`).
 
 Files are sorted in C-locale order (Python string order), one ``key value`` per line, UTF-8.
 A ``wav.scp`` value is the rest of its line, so paths with spaces or quotes survive.
@@ -53,6 +54,10 @@ def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
         )
     elif (folder / "segments").exists():
         (folder / "segments").unlink()
+    if any(u.speed != 1.0 for u in utts):
+        _write_table(folder / "utt2speed", ((u.utt_id, f"{u.speed:g}") for u in utts))
+    elif (folder / "utt2speed").exists():
+        (folder / "utt2speed").unlink()
 
 
 def read_table(path: Path) -> dict[str, str]:
@@ -76,6 +81,7 @@ def read_data_dir(folder: str | Path) -> list[Utterance]:
     dur = read_table(folder / "utt2dur")
     rate = read_table(folder / "utt2sr")
     segments = read_table(folder / "segments") if (folder / "segments").is_file() else {}
+    speed = read_table(folder / "utt2speed") if (folder / "utt2speed").is_file() else {}
     out = []
     for utt in sorted(text):
         if utt not in spk or utt not in dur:
@@ -88,5 +94,5 @@ def read_data_dir(folder: str | Path) -> list[Utterance]:
         if rec not in wavs:
             raise DataDirError(f"{folder}: recording {rec} of {utt} is missing from wav.scp")
         out.append(Utterance(utt, spk[utt], wavs[rec], text[utt], float(dur[utt]), int(rate[utt]),
-                             rec, start_s, end_s))
+                             rec, start_s, end_s, speed=float(speed.get(utt, 1.0))))
     return out

@@ -4,6 +4,7 @@ Output folder::
 
     all/            every valid utterance (features are computed once over it)
     <split>/        one Kaldi data dir per split (train, test, loso_<spk>_train, ...)
+    <train>_sp/     with audio.speed_perturb: a training split and its speed-perturbed copies
     report.tsv      rejected utterances: utt_id, file, reason
     manifest.json   counts, hours, rejections by reason, splits, corpus fingerprint
 """
@@ -22,6 +23,7 @@ from typing import Any
 from asrflow.cluster import run_sharded, shard
 from asrflow.corpus import CorpusError, recipe_from_config
 from asrflow.data.datadir import write_data_dir
+from asrflow.data.perturb import copy_factors, perturbed_split, with_copies
 from asrflow.data.validate import Rejection, Utterance, check_audio_batch, check_text
 
 SHARD_UTTS = 200
@@ -76,6 +78,11 @@ def write_report(path: Path, rejected: list[Rejection]) -> None:
             writer.writerow([r.utt_id, r.file, r.reason])
 
 
+def _split_stats(members: list[Utterance]) -> dict[str, Any]:
+    return {"utterances": len(members), "speakers": len({u.speaker for u in members}),
+            "hours": round(sum(u.duration for u in members) / 3600.0, 6)}
+
+
 def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=print) -> DataSummary:
     """Run the data stage for the resolved ``config`` into ``out_dir`` using a Dask ``client``."""
     start = time.perf_counter()
@@ -112,9 +119,14 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
     for name, ids in splits.items():
         members = [by_id[i] for i in ids]
         write_data_dir(out / name, members)
-        split_stats[name] = {"utterances": len(members), "speakers": len({u.speaker for u in members}),
-                             "hours": round(sum(u.duration for u in members) / 3600.0, 6)}
+        split_stats[name] = _split_stats(members)
         log(f"  split {name}: {len(members)} utterances")
+    factors = copy_factors(audio["speed_perturb"])
+    for name in [n for n in splits if n.endswith("train")] if factors else []:
+        members = with_copies((by_id[i] for i in splits[name]), factors)
+        write_data_dir(out / perturbed_split(name), members)
+        split_stats[perturbed_split(name)] = _split_stats(members)
+        log(f"  split {perturbed_split(name)}: {len(members)} utterances (speeds 1, {', '.join(map(str, factors))})")
     write_report(out / "report.tsv", rejected)
     summary = DataSummary(
         corpus=recipe.name,

@@ -38,6 +38,7 @@ class Utterance:
     start: float | None = None
     end: float | None = None
     checksum: str = ""
+    speed: float = 1.0  # a speed-perturbed copy plays the audio this many times as fast (asrflow.data.perturb)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The features stage: one feature kind for every valid utterance, on a Dask cluster.
 
+Every valid utterance is the data stage's ``all`` dir plus the speed-perturbed copies its
+``<train>_sp`` splits hold (:mod:`asrflow.data.perturb`), resampled as they are read.
+
 Output folder (``results/<exp>/features/<kind>/``)::
 
     feats.NNNN.ark      one archive per shard (``features.shard_utts`` utterances)
@@ -26,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import run_sharded, shard
-from asrflow.data.audio import AudioError, read_audio, resample
+from asrflow.data.audio import AudioError, read_audio
 from asrflow.data.datadir import read_data_dir, read_table
+from asrflow.data.perturb import perturb_speed
 from asrflow.data.validate import Utterance
 from asrflow.features.ark import write_ark, write_text_atomic
 from asrflow.features.compute import FeatureOptions, compute_batch
@@ -51,7 +55,7 @@ class ShardResult:
 def load_signal(utt: Utterance, sample_rate: int) -> np.ndarray:
     """Read an utterance at ``sample_rate`` on the int16 scale Kaldi features expect."""
     samples, rate = read_audio(utt.audio, utt.start, utt.end)
-    return resample(samples, rate, sample_rate) * np.float32(INT16_SCALE)
+    return perturb_speed(samples, rate, utt.speed, sample_rate) * np.float32(INT16_SCALE)
 
 
 def extract_shard(utts: list[Utterance], opts: FeatureOptions, seed: int, ark: str) -> ShardResult:
@@ -130,6 +134,17 @@ def write_splits(out: Path, data_dir: Path, splits: list[str], scp_of: dict[str,
         write_text_atomic(folder / "cmvn.scp", cmvn_lines)
 
 
+def stage_utterances(data_dir: Path, splits: list[str]) -> list[Utterance]:
+    """Every utterance to extract: the ``all`` dir's, then those only some split holds (speed-perturbed copies)."""
+    utts = read_data_dir(data_dir / "all")
+    known = {u.utt_id for u in utts}
+    for split in splits:
+        extra = [u for u in read_data_dir(data_dir / split) if u.utt_id not in known]
+        known.update(u.utt_id for u in extra)
+        utts += extra
+    return utts
+
+
 def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, out_dir: str | Path,
                      client: Any, workers: int = 1, log=print) -> FeatureSummary:
     """Run the features stage for one ``kind`` (``mfcc`` or ``fbank``)."""
@@ -138,7 +153,9 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     out.mkdir(parents=True, exist_ok=True)
     fcfg = config["features"]
     opts = FeatureOptions.from_config(fcfg, kind, config["audio"]["sample_rate"])
-    utts = read_data_dir(data_dir / "all")
+    manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
+    splits = list(manifest["splits"])
+    utts = stage_utterances(data_dir, splits)
     shards = shard(utts, fcfg["shard_utts"])
     arks = [str(out / f"feats.{i:04d}.ark") for i in range(len(shards))]
     log(f"{kind}: {len(utts)} utterances in {len(shards)} shards, dim {opts.dim}")
@@ -155,8 +172,6 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     write_text_atomic(out / "feats.scp", scp_lines)
     write_text_atomic(out / "utt2num_frames", (f"{u} {n}" for u, n in frames.items()))
     write_text_atomic(out / "report.tsv", ["utt_id\tfile\treason", *("\t".join(f) for f in failed)])
-    manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
-    splits = list(manifest["splits"])
     scp_of = dict(line.split(" ", 1) for line in scp_lines)
     write_splits(out, data_dir, splits, scp_of, frames, stats)
     summary = FeatureSummary(

@@ -166,7 +166,8 @@ def accumulate(model: GmmModel, feats: list[np.ndarray], alignments: list[np.nda
 
 def estep(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray] | None, mode: str,
           opts: AlignOptions) -> EStepResult:
-    """One shard of an iteration. ``mode``: ``equal`` (flat start), ``realign`` or ``accumulate``."""
+    """One shard of an iteration. ``mode``: ``equal`` (flat start), ``realign``, ``accumulate``, or ``align``
+    (Viterbi alignments only, no statistics: aligning a split with a finished model)."""
     start = time.perf_counter()
     model = GmmModel.from_bytes(model_blob)
     tree_id = tree_key(model)
@@ -190,7 +191,7 @@ def estep(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray] | N
                     failed.append((utt, f"alignment failed with beam {opts.beam} and retry beam {opts.retry_beam}"))
             if ali is not None:
                 new[utt] = ali
-        if ali is not None:
+        if ali is not None and mode != "align":
             kept_feats.append(feats[i])
             kept_ali.append(ali)
     occ, sx, sx2, trans, like, frames = accumulate(model, kept_feats, kept_ali)

@@ -8,20 +8,27 @@ Output folder (``results/<exp>/gmm/<train split>/<system>/``)::
     report.tsv                   utterances that could not be aligned, and why
     alignment.png                one alignment drawn over its spectrogram
     manifest.json                pdfs, Gaussians, iterations, timing, log-likelihood
+
+:func:`align_split` (the align stage, ``results/<exp>/align/<train split>/<system>/``) writes
+the same ``ali/``, ``report.tsv`` and a ``manifest.json`` for another split aligned with a
+trained system: ``<train>_sp``, the speed-perturbed copies.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from asrflow.cluster import broadcast, run_sharded
 from asrflow.data.datadir import read_data_dir
+from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
-from asrflow.gmm.train import TrainResult, train_mono, train_tri
+from asrflow.gmm.train import TrainResult, estep_task, train_mono, train_tri
 from asrflow.lang.graph import read_symbols
 
 
@@ -87,6 +94,45 @@ def plot_alignment(path: Path, image: np.ndarray, phones: list[str], utt: str, s
     plt.close(fig)
 
 
+def write_report(path: Path, failed: dict[str, str]) -> None:
+    """``utt_id<TAB>reason`` of every utterance that could not be aligned."""
+    path.write_text("utt_id\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(failed.items())))
+
+
+def align_split(config: dict[str, Any], system: str, model_dir: str | Path, split: str, data_dir: str | Path,
+                feats_dir: str | Path, lang_dir: str | Path, out_dir: str | Path, client: Any,
+                log=print) -> dict[str, Any]:
+    """Force-align every utterance of ``split`` with a trained system (Kaldi ``align_si.sh``) into ``out_dir``.
+
+    Writes ``ali/`` (as the gmm stage does), ``report.tsv`` (utterances not aligned, and
+    why) and ``manifest.json``. Used for the speed-perturbed copies of a training split,
+    which the system was not trained on.
+    """
+    start = time.perf_counter()
+    out, lang_dir = Path(out_dir), Path(lang_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = GmmModel.load(model_dir)
+    cfg = config["gmm"][system]
+    shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"])
+    blob = broadcast(client, model.to_bytes())
+    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align",
+                          AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
+                          units=[len(s.utts) for s in shards], desc=f"align-{split}", retries=config["dask"]["retries"])
+    alignments = {u: a for r in results for u, a in r.alignments.items()}
+    failed = {u: reason for r in results for u, reason in r.failed}
+    write_alignments(out / "ali", model, alignments, lang_dir / "phones.txt")
+    write_report(out / "report.tsv", failed)
+    frames = sum(len(a) for a in alignments.values())
+    manifest = {"system": system, "split": split, "utterances": sum(len(s.utts) for s in shards),
+                "aligned": len(alignments), "failed": len(failed), "retried": sum(r.retried for r in results),
+                "loglike_per_frame": round(sum(r.align_like for r in results) / max(frames, 1), 4),
+                "seconds": round(time.perf_counter() - start, 3)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"{system}: aligned {manifest['aligned']} of {manifest['utterances']} utterances of {split}, "
+        f"{manifest['failed']} failed, {manifest['retried']} retried, {manifest['seconds']:.1f} s")
+    return manifest
+
+
 def train_system(config: dict[str, Any], system: str, train: str, data_dir: str | Path, feats_dir: str | Path,
                  lang_dir: str | Path, out_dir: str | Path, client: Any, run: Any, mono_dir: str | Path | None = None,
                  log=print) -> dict[str, Any]:
@@ -108,9 +154,7 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
         result = train_tri(config, shards, lang_dir, mono, mono_ali, client, on_metrics, log)
     result.model.save(out)
     write_alignments(out / "ali", result.model, result.alignments, lang_dir / "phones.txt")
-    with open(out / "report.tsv", "w") as report:
-        report.write("utt_id\treason\n")
-        report.writelines(f"{u}\t{r}\n" for u, r in sorted(result.failed.items()))
+    write_report(out / "report.tsv", result.failed)
     if result.alignments:
         utt = min(result.alignments)
         wav = next(u for u in read_data_dir(Path(data_dir) / train) if u.utt_id == utt)

@@ -45,7 +45,7 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
         blob = broadcast(client, model.to_bytes())
         per_shard = [None if mode == "realign" else {u: alignments[u] for u in s.utts if u in alignments}
                      for s in shards]
-        results = run_sharded(client, _estep_args, list(zip(shards, per_shard)), blob, mode, opts,
+        results = run_sharded(client, estep_task, list(zip(shards, per_shard)), blob, mode, opts,
                               units=[len(s.utts) for s in shards], desc=f"iter{it}-{mode}", retries=retries)
         if mode == "realign":
             for r in results:
@@ -69,7 +69,8 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
     return model, alignments, failed
 
 
-def _estep_args(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: AlignOptions):
+def estep_task(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: AlignOptions):
+    """:func:`asrflow.gmm.estep.estep` of one (shard, its alignments) item (the Dask task)."""
     shard, alignments = item
     return estep(shard, blob, alignments, mode, opts)
 
@@ -90,7 +91,7 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
     log(f"mono: {model.am.num_pdfs} pdfs, {len(shards)} shards, {sum(len(s.utts) for s in shards)} utterances")
     # Pass 0: equal alignment, then estimate (gmm-est --min-gaussian-occupancy=3).
     blob = broadcast(client, model.to_bytes())
-    results = run_sharded(client, _estep_args, [(s, None) for s in shards], blob, "equal", AlignOptions(),
+    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "equal", AlignOptions(),
                           units=[len(s.utts) for s in shards], desc="iter0-equal", retries=retries)
     alignments: dict[str, np.ndarray] = {}
     failed: dict[str, str] = {}

@@ -50,6 +50,7 @@ class FeatureDataset(torch.utils.data.Dataset):
                  targets: dict[str, np.ndarray] | None = None, frame_targets: bool = True,
                  utterances: set[str] | None = None, subsampling: int = 1) -> None:
         feats_dir = Path(feats_dir)
+        self.split = split
         scp = read_scp(feats_dir / split / "feats.scp")
         frames = {u: int(n) for u, n in read_table(feats_dir / split / "utt2num_frames").items()}
         utt2spk = read_table(Path(data_dir) / split / "utt2spk")

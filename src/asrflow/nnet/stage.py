@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from asrflow.config import model_train
 from asrflow.data.datadir import read_table
+from asrflow.data.perturb import original_id, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.hybrid import pdf_priors
@@ -53,7 +55,7 @@ def train_options(config: dict[str, Any], system: str, epochs: int | None = None
     With ``epochs`` (the benchmarks): exactly that many epochs, no early stopping and no
     checkpoints but those at the epoch ends.
     """
-    merged = {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
+    merged = model_train(config, system)
     seed = merged.pop("seed", None)
     known = {f.name for f in fields(TrainOptions)}
     opts = TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"] if seed is None else seed)
@@ -89,11 +91,12 @@ def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_spli
     return held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
 
 
-def hybrid_targets(gmm_dir: Path) -> Targets:
-    """Tied-state (pdf) ids per frame from the GMM alignments, and their log priors."""
+def hybrid_targets(gmm_dir: Path, alignments: Path | None = None) -> Targets:
+    """Tied-state (pdf) ids per frame from the GMM's alignments (or ``alignments``, an align stage folder of
+    that GMM), and their log priors."""
     from asrflow.gmm.model import GmmModel
 
-    labels = read_int_archive(gmm_dir / "ali" / "pdfs.txt")
+    labels = read_int_archive((alignments or gmm_dir) / "ali" / "pdfs.txt")
     num_pdfs = GmmModel.load(gmm_dir).am.num_pdfs
     return Targets(labels, num_pdfs, True, {"priors": torch.from_numpy(pdf_priors(labels, num_pdfs))})
 
@@ -118,46 +121,56 @@ def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int, lang_dir: str
 
 
 def training_data(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path,
-                  feats_dir: str | Path, gmm_dir: str | Path | None, lang_dir: str | Path | None = None
-                  ) -> tuple[Targets, FeatureDataset, FeatureDataset, dict[str, str]]:
+                  feats_dir: str | Path, gmm_dir: str | Path | None, lang_dir: str | Path | None = None,
+                  alignments: str | Path | None = None) -> tuple[Targets, FeatureDataset, FeatureDataset, dict[str, str]]:
     """Targets, training and held-out sets of network ``system``, and the utterances left out (with why).
 
-    ``gmm_dir`` (its alignments) is needed by hybrids, ``lang_dir`` by CTC over phones.
+    ``gmm_dir`` (its alignments) is needed by hybrids, ``lang_dir`` by CTC over phones. With
+    ``speed_perturb`` the network trains on ``<train>_sp`` (a hybrid on the copies' alignments
+    in ``alignments``, the align stage's folder); the held-out utterances' copies stay out of
+    training, and the held-out set is the unperturbed utterances alone.
     """
     model = config["nnet"]["models"][system]
     if model["type"] == "ensemble":
         raise NnetError(f"{system!r} is an ensemble of trained networks: `asrflow ensemble` assembles it from "
                         f"{', '.join(model['members'])}; it is not trained")
     data_dir = Path(data_dir)
+    perturbed = model_train(config, system)["speed_perturb"]
+    source = perturbed_split(train_split) if perturbed else train_split
+    if perturbed and not (data_dir / source / "text").is_file():
+        raise NnetError(f"{system!r} trains with speed_perturb but {data_dir / source} does not exist: "
+                        f"set audio.speed_perturb (e.g. [0.9, 1.0, 1.1]) and rerun the data stage")
     if model["objective"] == "hybrid":
         if gmm_dir is None or not (Path(gmm_dir) / "ali" / "pdfs.txt").is_file():
             raise NnetError(f"hybrid network {system!r} needs the GMM alignments: --gmm must be a GMM system "
                             f"folder with ali/pdfs.txt (got {gmm_dir})")
-        targets = hybrid_targets(Path(gmm_dir))
+        if perturbed and (alignments is None or not (Path(alignments) / "ali" / "pdfs.txt").is_file()):
+            raise NnetError(f"hybrid network {system!r} trains with speed_perturb: --alignments must be the align "
+                            f"stage's folder of {source} with ali/pdfs.txt (got {alignments})")
+        targets = hybrid_targets(Path(gmm_dir), Path(alignments) if perturbed else None)
     else:
-        targets = ctc_targets(read_table(data_dir / train_split / "text"), model["units"], model["vocab_size"],
-                              lang_dir)
-    utts = sorted(read_table(data_dir / train_split / "text"))
+        targets = ctc_targets(read_table(data_dir / source / "text"), model["units"], model["vocab_size"], lang_dir)
     valid_utts = held_out_utterances(config, data_dir, train_split)
+    train_utts = {u for u in read_table(data_dir / source / "text") if original_id(u) not in valid_utts}
     subsampling = model.get("subsampling", 1)
 
-    def dataset(keep: set[str]) -> FeatureDataset:
-        return FeatureDataset(data_dir, feats_dir, train_split, targets.labels, targets.frame_level, keep, subsampling)
+    def dataset(split: str, keep: set[str]) -> FeatureDataset:
+        return FeatureDataset(data_dir, feats_dir, split, targets.labels, targets.frame_level, keep, subsampling)
 
-    train_set, valid_set = dataset(set(utts) - valid_utts), dataset(valid_utts)
+    train_set, valid_set = dataset(source, train_utts), dataset(train_split, valid_utts)
     return targets, train_set, valid_set, {**train_set.rejected, **valid_set.rejected}
 
 
 def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
                  gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
-                 lang_dir: str | Path | None = None, log=print) -> dict[str, Any]:
+                 lang_dir: str | Path | None = None, alignments: str | Path | None = None, log=print) -> dict[str, Any]:
     """Train network ``system`` on ``train_split``; rank 0 writes the folder described above."""
     model = config["nnet"]["models"][system]
     objective = model["objective"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir,
-                                                             lang_dir)
+                                                             lang_dir, alignments)
     opts = train_options(config, system)
     log(f"{system} ({model['type']}, {objective}): {len(train_set)} training and {len(valid_set)} held-out "
         f"utterances, {targets.num_classes} classes; {len(rejected)} left out")
@@ -165,7 +178,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                          f"(see {out / 'report.tsv'})")
     (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
-    run.log_params({f"nnet.effective.{k}": v for k, v in vars(opts).items()})
+    run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
+                    "nnet.effective.train_data": train_set.split})
     pending: list[tuple[int, dict]] = []
 
     def log_metrics(step: int, metrics: dict) -> None:
@@ -180,6 +194,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
                     parallel=parallel_options(config, system))
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
+                "train_data": train_set.split,  # <train>_sp with speed perturbation
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

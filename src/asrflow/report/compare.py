@@ -13,6 +13,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
+from asrflow.data.perturb import SUFFIX as SPEED_PERTURBED
 from asrflow.tracking.query import RunRecord
 
 GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians"))}
@@ -51,6 +52,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     sizes = [f"{k}={params[prefix + k]}" for k in NNET_SIZES if prefix + k in params
              and not (objective == "hybrid" and k in ("units", "vocab_size"))
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
+    if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
+        objective += ", speed-perturbed data"
     return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes),
             "parallel": _parallel(params)}
 
