@@ -37,16 +37,9 @@ def copy_factors(factors: Iterable[float]) -> list[float]:
     return sorted({float(f) for f in factors} - {1.0})
 
 
-def original_id(utt: str) -> str:
-    """The utterance a copy was made from (``sp0.9-george-0_1`` → ``george-0_1``); originals map to themselves."""
-    if utt.startswith("sp") and "-" in utt:
-        head, rest = utt.split("-", 1)
-        try:
-            float(head[2:])
-        except ValueError:
-            return utt
-        return rest
-    return utt
+def copy_ids(utts: Iterable[str], factors: Iterable[float]) -> set[str]:
+    """The ids of the copies of ``utts`` at each factor other than 1.0."""
+    return {prefix(f) + u for f in copy_factors(factors) for u in utts}
 
 
 def speed_copy(utt: Utterance, factor: float) -> Utterance:
@@ -71,4 +64,4 @@ def perturb_speed(samples: np.ndarray, rate: int, factor: float, target: int) ->
     """
     if factor <= 0:
         raise ValueError(f"speed factor must be positive, got {factor}")
-    return resample(samples, rate * factor if factor != 1.0 else rate, target)
+    return resample(samples, rate * factor, target)

@@ -122,7 +122,7 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         split_stats[name] = _split_stats(members)
         log(f"  split {name}: {len(members)} utterances")
     factors = copy_factors(audio["speed_perturb"])
-    for name in [n for n in splits if n.endswith("train")] if factors else []:
+    for name in [n for n in splits if n.endswith("train") and factors]:
         members = with_copies((by_id[i] for i in splits[name]), factors)
         write_data_dir(out / perturbed_split(name), members)
         split_stats[perturbed_split(name)] = _split_stats(members)

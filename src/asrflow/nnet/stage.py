@@ -29,7 +29,7 @@ import torch
 
 from asrflow.config import model_train
 from asrflow.data.datadir import read_table
-from asrflow.data.perturb import original_id, perturbed_split
+from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.hybrid import pdf_priors
@@ -140,6 +140,7 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     if perturbed and not (data_dir / source / "text").is_file():
         raise NnetError(f"{system!r} trains with speed_perturb but {data_dir / source} does not exist: "
                         f"set audio.speed_perturb (e.g. [0.9, 1.0, 1.1]) and rerun the data stage")
+    texts = read_table(data_dir / source / "text")
     if model["objective"] == "hybrid":
         if gmm_dir is None or not (Path(gmm_dir) / "ali" / "pdfs.txt").is_file():
             raise NnetError(f"hybrid network {system!r} needs the GMM alignments: --gmm must be a GMM system "
@@ -149,9 +150,9 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
                             f"stage's folder of {source} with ali/pdfs.txt (got {alignments})")
         targets = hybrid_targets(Path(gmm_dir), Path(alignments) if perturbed else None)
     else:
-        targets = ctc_targets(read_table(data_dir / source / "text"), model["units"], model["vocab_size"], lang_dir)
+        targets = ctc_targets(texts, model["units"], model["vocab_size"], lang_dir)
     valid_utts = held_out_utterances(config, data_dir, train_split)
-    train_utts = {u for u in read_table(data_dir / source / "text") if original_id(u) not in valid_utts}
+    train_utts = set(texts) - valid_utts - copy_ids(valid_utts, config["audio"]["speed_perturb"])
     subsampling = model.get("subsampling", 1)
 
     def dataset(split: str, keep: set[str]) -> FeatureDataset:
