@@ -1,0 +1,127 @@
+"""Feature-space MLLR (fMLLR, constrained MLLR): one affine transform of the features per speaker.
+
+Kaldi's ``gmm-est-fmllr`` for diagonal-covariance GMMs (Gales 1998, "Maximum likelihood
+linear transformations for HMM-based speech recognition"): the transform ``W = [A b]`` maps a
+frame ``x`` to ``A x + b`` and is chosen to maximise the likelihood of the speaker's frames
+under the model, given Gaussian posteriors from an alignment. Its sufficient statistics are the
+occupancy ``beta``, ``K = Σ γ Σ⁻¹ μ x̃ᵀ`` (d × (d+1)) and, for each dimension ``i``,
+``G_i = Σ γ σ_i⁻² x̃ x̃ᵀ`` ((d+1) × (d+1)), with ``x̃ = [x, 1]``. The auxiliary function
+
+    Q(W) = beta · log|det A| + Σ_i (w_i k_iᵀ − ½ w_i G_i w_iᵀ)
+
+is maximised one row at a time in closed form (each row update cannot lower Q).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from asrflow.gmm.model import GmmModel
+
+
+class FmllrError(ValueError):
+    """Statistics too few or degenerate to estimate a transform from."""
+
+
+@dataclass
+class FmllrStats:
+    """fMLLR sufficient statistics of one speaker (add them across utterances with ``+``)."""
+
+    beta: float
+    k: np.ndarray  # (d, d+1)
+    g: np.ndarray  # (d, d+1, d+1)
+
+    @classmethod
+    def zeros(cls, dim: int) -> "FmllrStats":
+        return cls(0.0, np.zeros((dim, dim + 1)), np.zeros((dim, dim + 1, dim + 1)))
+
+    def __add__(self, other: "FmllrStats") -> "FmllrStats":
+        return FmllrStats(self.beta + other.beta, self.k + other.k, self.g + other.g)
+
+
+def extend(feats: np.ndarray) -> np.ndarray:
+    """``[x, 1]`` for every frame (n, d) → (n, d+1), float64."""
+    x = np.asarray(feats, dtype=np.float64)
+    return np.hstack([x, np.ones((len(x), 1))])
+
+
+def gaussian_stats(feats: np.ndarray, post: np.ndarray, means: np.ndarray, invvars: np.ndarray) -> FmllrStats:
+    """Statistics of frames ``feats`` (n, d) with posteriors ``post`` (n, M) over Gaussians ``means``,
+    ``invvars`` (M, d)."""
+    xt = extend(feats)
+    post = np.asarray(post, dtype=np.float64)
+    k = (post @ (invvars * means)).T @ xt
+    w = post @ invvars  # (n, d): Σ_m γ_m(t) / σ²_{m,i}
+    g = np.einsum("ti,tj,tk->ijk", w, xt, xt, optimize=True)
+    return FmllrStats(float(post.sum()), k, g)
+
+
+def accumulate(model: GmmModel, feats: list[np.ndarray], pdf_alignments: list[np.ndarray]) -> FmllrStats:
+    """Statistics of one speaker's utterances under ``model``, frames assigned to pdfs by
+    ``pdf_alignments`` (one pdf id per frame) and to Gaussians by their posteriors within the pdf
+    (``gmm-est-fmllr`` given ``ali-to-post``)."""
+    dim = model.am.dim
+    stats = FmllrStats.zeros(dim)
+    if not feats:
+        return stats
+    x_all = np.concatenate(feats)
+    pdfs = np.concatenate(pdf_alignments).astype(np.int64)
+    if len(pdfs) != len(x_all):
+        raise FmllrError(f"{len(pdfs)} aligned frames for {len(x_all)} feature frames")
+    for pdf in np.unique(pdfs):
+        xp = x_all[pdfs == pdf]
+        gmm = model.am.get_pdf(int(pdf))
+        ll = np.asarray(gmm.log_likelihoods_matrix(xp.astype(np.float32)), dtype=np.float64)
+        post = np.exp(ll - ll.max(1, keepdims=True))
+        post /= post.sum(1, keepdims=True)
+        invvars = np.asarray(gmm.inv_vars, dtype=np.float64)
+        means = np.asarray(gmm.means_invvars, dtype=np.float64) / invvars
+        stats = stats + gaussian_stats(xp, post, means, invvars)
+    return stats
+
+
+def objective(stats: FmllrStats, w: np.ndarray) -> float:
+    """The auxiliary function Q(W) per frame (``beta`` · log|det A| + Σ_i w_i k_iᵀ − ½ w_i G_i w_iᵀ) / beta."""
+    sign, logdet = np.linalg.slogdet(w[:, :-1])
+    if sign == 0:
+        return float("-inf")
+    quad = np.einsum("ij,ijk,ik->", w, stats.g, w)
+    return float((stats.beta * logdet + np.sum(w * stats.k) - 0.5 * quad) / stats.beta)
+
+
+def estimate(stats: FmllrStats, iterations: int = 10, init: np.ndarray | None = None,
+             min_count: float = 50.0) -> np.ndarray:
+    """The transform ``W = [A b]`` (d × (d+1)) maximising Q, by Gales' row-by-row update.
+
+    Row ``i`` becomes ``(α c_i + k_i) G_i⁻¹``, with ``c_i`` the ``i``-th row of ``A``'s cofactors
+    (here ``A⁻ᵀ``, the same up to a scale α absorbs) and α the root of
+    ``α² c G⁻¹ cᵀ + α c G⁻¹ kᵀ − beta = 0`` that gives the larger Q. Fewer than ``min_count``
+    frames: an error (Kaldi then keeps the identity; callers decide).
+    """
+    dim = stats.k.shape[0]
+    if stats.beta < min_count:
+        raise FmllrError(f"{stats.beta:.1f} frames of statistics, fewer than the {min_count:g} needed")
+    w = np.hstack([np.eye(dim), np.zeros((dim, 1))]) if init is None else np.array(init, dtype=np.float64)
+    g_inv = np.linalg.inv(stats.g)
+    for _ in range(iterations):
+        for i in range(dim):
+            cof = np.append(np.linalg.inv(w[:, :-1]).T[i], 0.0)
+            gi, k = g_inv[i], stats.k[i]
+            e1, e2 = cof @ gi @ cof, cof @ gi @ k
+            disc = np.sqrt(e2 * e2 + 4.0 * e1 * stats.beta)
+            best, best_q = None, -np.inf
+            for alpha in ((-e2 + disc) / (2 * e1), (-e2 - disc) / (2 * e1)):
+                row = (alpha * cof + k) @ gi
+                det_part = alpha * e1 + e2  # row · c, proportional to det A
+                q = stats.beta * np.log(abs(det_part)) - 0.5 * row @ stats.g[i] @ row + row @ k
+                if q > best_q:
+                    best, best_q = row, q
+            w[i] = best
+    return w
+
+
+def apply(w: np.ndarray, feats: np.ndarray) -> np.ndarray:
+    """``A x + b`` for every frame (``transform-feats``), float32."""
+    return (extend(feats) @ w.T).astype(np.float32)
