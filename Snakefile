@@ -6,6 +6,7 @@ from asrflow.workflow import (
     dask_threads,
     ensemble_inputs,
     ensemble_systems,
+    fmllr_inputs,
     launch_resources,
     network_systems,
     nnet_decode_inputs,

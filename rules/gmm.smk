@@ -65,3 +65,35 @@ rule align:
         "asrflow align --config {params.config} --system {wildcards.system} --gmm {input.gmm}"
         " --split {params.split} --data {input.data} --features {input.features} --lang {input.lang}"
         " --out {output} --workers {threads} > {log} 2>&1"
+
+
+# Speaker-adapted features (nnet.features or a network's features: fmllr): one fMLLR transform
+# per speaker of the training split (from its alignments), of its speed-perturbed copies, and
+# of its test splits (from first-pass hypotheses), written as a feature kind (Kaldi's
+# align_fmllr.sh / decode_fmllr.sh / make_fmllr_feats.sh).
+rule fmllr:
+    input:
+        unpack(lambda wildcards: fmllr_inputs(config, wildcards.train, wildcards.system)),
+    output:
+        directory(f"{RESULTS}/fmllr/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system="mono|tri",
+    params:
+        config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "fmllr"),
+        optional=lambda wildcards, input: optional_args(input, "alignments"),
+    threads: dask_threads(config, workflow.cores)
+    resources:
+        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
+        runtime=per_attempt(120),  # minutes (sbatch -t)
+    log:
+        f"{RESULTS}/logs/fmllr.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/fmllr.{{train}}.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow fmllr --config {params.config} --system {wildcards.system} --train {wildcards.train}"
+        " --gmm {input.gmm} --graph {input.graph} --data {input.data} --features {input.features}"
+        " --lang {input.lang} {params.optional} --out {output} --workers {threads} > {log} 2>&1"

@@ -134,6 +134,27 @@ def cmd_align(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fmllr(args: argparse.Namespace) -> int:
+    from asrflow.cluster import dask_client
+    from asrflow.gmm.adapt import adapt_splits
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"fmllr-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
+        with dask_client(config["dask"], args.workers, log=_log) as client:
+            manifest = adapt_splits(config, args.system, args.train, args.gmm, args.graph, args.data, args.features,
+                                    args.lang, args.out, client, align_dir=args.alignments, log=_log)
+        run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
+        for split, info in manifest["splits"].items():
+            run.log_metrics({f"{split}.{k}": info[k] for k in ("adapted", "identity", "without_statistics")})
+            for p, gain in enumerate(info["gain_per_frame_by_pass"]):
+                run.log_metrics({f"{split}.gain_per_frame": gain}, step=p + 1)
+        run.log_metrics({"seconds": manifest["seconds"]})
+        for name in ("manifest.json", "report.tsv"):
+            run.log_artifact(Path(args.out) / name)
+    return 0
+
+
 def cmd_nnet(args: argparse.Namespace) -> int:
     import os
 
@@ -204,6 +225,10 @@ def _log_model(run: Any, files: dict[str, str]) -> None:
     """Log the pyfunc transcriber of ``files`` (:func:`asrflow.nnet.transcribe.bundle_files`) into ``run``."""
     from asrflow.tracking.pyfunc import log_transcriber
 
+    if not files:
+        _log("no MLflow pyfunc model: the network reads speaker-adapted (fmllr) features, which need a GMM "
+             "first pass over each speaker's utterances")
+        return
     uri = log_transcriber(run, files)
     if uri:
         _log(f"MLflow pyfunc model: {uri}")
@@ -412,6 +437,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_align)
+
+    p = with_config(sub.add_parser("fmllr", help="speaker-adapted (fMLLR) features of a training split and its "
+                                                 "test splits with a trained GMM system, on Dask"))
+    p.add_argument("--system", required=True, choices=["mono", "tri"])
+    p.add_argument("--train", required=True)
+    p.add_argument("--gmm", required=True, help="the GMM system's folder")
+    p.add_argument("--graph", required=True, help="its HCLG folder (first decoding pass of the test speakers)")
+    p.add_argument("--alignments", help="align folder of the speed-perturbed copies (adapted too when given)")
+    for name in ("data", "features", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--workers", type=int, default=None)
+    p.set_defaults(func=cmd_fmllr)
 
     p = sub.add_parser("graph", help="build HCLG for a trained GMM system, or TLG for phone CTC networks")
     p.add_argument("--lang", required=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import ConfigError, model_train, resolve_config, section_fingerprint, write_resolved
+from asrflow.config import ConfigError, model_features, model_train, resolve_config, section_fingerprint, write_resolved
 from asrflow.config.schema import reapply_replaced
 from asrflow.data.perturb import perturbed_split
 
@@ -31,6 +31,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "lang": ("lang",),
     "gmm": ("seed", "gmm"),
     "align": ("gmm",),
+    "fmllr": ("gmm", "decode", "fmllr"),
     "decode": ("decode",),
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
              "nnet.models.{system}"),
@@ -120,8 +121,7 @@ def system_pattern(names: list[str] | tuple[str, ...]) -> str:
 def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones TLG."""
     root = results_dir(config)
-    inputs = {"data": f"{root}/data", "features": f"{root}/features/{config['nnet']['features']}",
-              "lang": f"{root}/lang/{train}"}
+    inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
     if model["objective"] == "hybrid":
         ali = config["nnet"]["alignments"]
@@ -130,6 +130,27 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
             inputs["alignments"] = f"{root}/align/{train}/{ali}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
+    return inputs
+
+
+def features_dir(config: dict[str, Any], train: str, system: str) -> str:
+    """The features network ``system`` reads on ``train``: ``features/<kind>``, or for fmllr the
+    fold's adapted features, ``fmllr/<train>/<nnet.alignments>`` (rule fmllr)."""
+    kind = model_features(config, system)
+    if kind == "fmllr":
+        return f"{results_dir(config)}/fmllr/{train}/{config['nnet']['alignments']}"
+    return f"{results_dir(config)}/features/{kind}"
+
+
+def fmllr_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """Inputs of adapting ``train``'s speakers with GMM ``system``: its model and graph, and the
+    alignments of the speed-perturbed copies when a network reading fmllr features trains on them."""
+    root = results_dir(config)
+    inputs = {"data": f"{root}/data", "features": f"{root}/features/mfcc", "lang": f"{root}/lang/{train}",
+              "gmm": f"{root}/gmm/{train}/{system}", "graph": f"{root}/graph/{train}/{system}"}
+    if any(model_features(config, n) == "fmllr" and model_train(config, n)["speed_perturb"]
+           for n in trained_networks(config)):
+        inputs["alignments"] = f"{root}/align/{train}/{system}"
     return inputs
 
 

@@ -151,3 +151,28 @@ def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> Non
     for stage, system in (("data", ""), ("nnet", "dnn")):
         fingerprint = [stage_fingerprint(c, stage, system=system) for c in (base, off, on)]
         assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+
+
+def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
+    """A network with features: fmllr reads fmllr/<train>/<alignments system>; the fmllr rule adapts the
+    speed-perturbed copies only when such a network trains on them."""
+    from asrflow.workflow import fmllr_inputs, nnet_inputs, results_dir
+
+    models = {"dnn": {"type": "dnn"}, "dnn_f": {"type": "dnn", "features": "fmllr"},
+              "dnn_f2": {"type": "dnn", "features": "fmllr", "train": {"seed": 2}},
+              "ens": {"type": "ensemble", "members": ["dnn_f", "dnn_f2"]}}
+    config = make_config(tmp_path, features={"kinds": ["mfcc", "fbank"]}, nnet={"models": models},
+                         evaluation={"systems": ["tri", "dnn", "ens"]})
+    root = results_dir(config)
+    assert nnet_inputs(config, "loso_a_train", "dnn")["features"] == f"{root}/features/fbank"
+    for system in ("dnn_f", "ens"):
+        assert nnet_inputs(config, "loso_a_train", system)["features"] == f"{root}/fmllr/loso_a_train/tri"
+    assert fmllr_inputs(config, "train", "tri") == {
+        "data": f"{root}/data", "features": f"{root}/features/mfcc", "lang": f"{root}/lang/train",
+        "gmm": f"{root}/gmm/train/tri", "graph": f"{root}/graph/train/tri"}
+    models["dnn_f"]["train"] = {"speed_perturb": True}
+    models["dnn_f2"]["train"] = {"seed": 2, "speed_perturb": True}
+    perturbed = make_config(tmp_path, features={"kinds": ["mfcc", "fbank"]}, nnet={"models": models},
+                            audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]},
+                            evaluation={"systems": ["tri", "dnn", "ens"]})
+    assert fmllr_inputs(perturbed, "train", "tri")["alignments"] == f"{root}/align/train/tri"

@@ -40,6 +40,17 @@ def test_defaults_filled_deeply() -> None:
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},
           "evaluation": {"systems": ["e"]}},
          "config key 'nnet.models.e.members': a train with speed_perturb and the others without"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"kinds": ["fbank"]},
+          "nnet": {"models": {"a": {"type": "dnn", "features": "fmllr"}}}, "evaluation": {"systems": ["a"]}},
+         "config key 'nnet.models.a.features': 'fmllr' needs mfcc features, which are not extracted"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"kinds": ["mfcc"]},
+          "nnet": {"models": {"a": {"type": "dnn"}}}, "evaluation": {"systems": ["a"]}},
+         "config key 'nnet.features': 'fbank' needs fbank features, which are not extracted"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"kinds": ["mfcc", "fbank"]},
+          "nnet": {"models": {"a": {"type": "dnn", "features": "fmllr"}, "b": {"type": "dnn"},
+                              "e": {"type": "ensemble", "members": ["a", "b"]}}},
+          "evaluation": {"systems": ["e"]}},
+         "config key 'nnet.models.e.members': the members read different features (a: fmllr, b: fbank)"),
     ],
 )
 def test_errors_name_the_key(raw: dict, message: str) -> None:

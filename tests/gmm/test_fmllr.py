@@ -86,3 +86,25 @@ def test_model_statistics_use_the_posteriors_within_each_aligned_pdf():
     assert got.beta == pytest.approx(want.beta)
     np.testing.assert_allclose(got.k, want.k, rtol=1e-4)
     np.testing.assert_allclose(got.g, want.g, rtol=1e-4)
+
+
+def test_compose_applies_the_inner_transform_first():
+    rng = np.random.default_rng(5)
+    inner, outer = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    x = rng.normal(size=(10, 3))
+    np.testing.assert_allclose(fmllr.apply(fmllr.compose(outer, inner), x),
+                               fmllr.apply(outer, fmllr.apply(inner, x)), rtol=1e-4, atol=1e-4)
+
+
+def test_frame_weights_scale_the_statistics():
+    rng = np.random.default_rng(6)
+    means, variances = mixture(rng, 2, 3)
+    am = khg.AmDiagGmm()
+    for m, v in zip(means, variances):
+        am.add_pdf(single_gaussian(m, v))
+    x, post = sample(rng, means, variances, 100)
+    weights = np.where(np.arange(100) < 50, 1.0, 0.01)
+    got = fmllr.accumulate(SimpleNamespace(am=am), [x], [post.argmax(1)], [weights])
+    want = fmllr.gaussian_stats(x, post * weights[:, None], means, 1 / variances)
+    assert got.beta == pytest.approx(50 + 0.5)
+    np.testing.assert_allclose(got.g, want.g, rtol=1e-4)

@@ -1,5 +1,5 @@
 """GMM training on Dask: the same model with 1 or 2 workers, and when a worker dies mid E-step; aligning
-the speed-perturbed copies of the training split with the trained model."""
+the speed-perturbed copies of the training split with the trained model; speaker-adapted (fMLLR) features."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from asrflow.data.stage import prepare_data
 from asrflow.features.stage import extract_features
 from asrflow.data.datadir import read_table
 from asrflow.gmm.shards import split_shards
-from asrflow.gmm.stage import align_split, read_alignments
+from asrflow.decode.stage import make_graph
+from asrflow.features.ark import read_scp, load
+from asrflow.gmm import fmllr
+from asrflow.gmm.adapt import adapt_splits
+from asrflow.gmm.estep import features
+from asrflow.gmm.stage import align_split, read_alignments, write_alignments
 from asrflow.gmm.train import train_mono
 from asrflow.lang.stage import prepare_lang
 
@@ -119,3 +124,35 @@ def test_speed_perturbed_copies_align_where_their_audio_moved(yesno, dask_client
         moved = [abs(_speech_start(phones[f"sp{factor}-{u}"]) - _speech_start(phones[u]) / factor)
                  for u in result.alignments]
         assert np.median(moved) <= 2
+
+
+def test_fmllr_features_of_training_copies_and_test_speakers(yesno, dask_client_1, tmp_path) -> None:
+    """Each speaker of train (from its alignments), train_sp (each copy speaker on its own) and test (from
+    two decoding passes) gets a transform that raises the likelihood, and the written features are
+    the GMM's features through it."""
+    config, shards, lang = yesno
+    root = lang.parent
+    result, _ = _train(config, shards, lang, dask_client_1)
+    result.model.save(tmp_path / "mono")
+    write_alignments(tmp_path / "mono" / "ali", result.model, result.alignments, lang / "phones.txt")
+    make_graph(lang, tmp_path / "mono", tmp_path / "graph", log=QUIET)
+    align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
+                tmp_path / "align", dask_client_1, log=QUIET)
+    out = tmp_path / "fmllr"
+    manifest = adapt_splits(config, "mono", "train", tmp_path / "mono", tmp_path / "graph", root / "data",
+                            root / "mfcc", lang, out, dask_client_1, align_dir=tmp_path / "align", log=QUIET)
+    splits = manifest["splits"]
+    assert list(splits) == ["train", "train_sp", "test"]
+    assert [splits[s]["utterances"] for s in splits] == [31, 93, 29]
+    assert [splits[s]["adapted"] for s in splits] == [1, 3, 1]  # yesno has one speaker; train_sp adds two copies
+    assert splits["test"]["supervised"] is False and len(splits["test"]["gain_per_frame_by_pass"]) == 2
+    assert all(g > 0 for s in splits.values() for g in s["gain_per_frame_by_pass"][:1])
+    for split in splits:
+        scp = read_scp(out / split / "feats.scp")
+        assert set(scp) == set(read_table(root / "mfcc" / split / "utt2num_frames"))
+    trans = {line.split()[0]: np.asarray(line.split()[1:], dtype=float).reshape(39, 40)
+             for line in (out / "test" / "trans.txt").read_text().splitlines()}
+    test = split_shards(root / "data", root / "mfcc", lang, "test", 50)[0]
+    written = read_scp(out / "test" / "feats.scp")
+    for utt, spk, x in list(zip(test.utts, test.speakers, features(test)))[:3]:
+        np.testing.assert_allclose(load(written[utt]), fmllr.apply(trans[spk], x), atol=1e-3)

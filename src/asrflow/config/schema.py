@@ -184,9 +184,8 @@ def _check_systems(config: dict[str, Any]) -> None:
         if learners % nodes:
             raise ConfigError(f"config key 'nnet.models.{name}.parallel': {learners} learners do not divide evenly "
                               f"over {nodes} nodes (learners must be a multiple of nodes)")
-    if models and config["nnet"]["features"] not in config["features"]["kinds"]:
-        raise ConfigError(f"config key 'nnet.features': {config['nnet']['features']!r} is not extracted; "
-                          f"add it to features.kinds ({', '.join(config['features']['kinds'])})")
+    for name, model in models.items():
+        _check_features(config, name)
     if models:
         from asrflow.nnet.models import complete_model_config
 
@@ -200,6 +199,35 @@ def _check_systems(config: dict[str, Any]) -> None:
 def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
     """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides."""
     return {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
+
+
+def model_features(config: Mapping[str, Any], system: str) -> str:
+    """The feature kind network ``system`` reads: its own ``features``, else ``nnet.features``
+    (an ensemble: its first member's, which all members share)."""
+    model = config["nnet"]["models"][system]
+    if model["type"] == "ensemble" and model.get("members"):
+        return model_features(config, model["members"][0])
+    return model.get("features", config["nnet"]["features"])
+
+
+def _check_features(config: Mapping[str, Any], name: str) -> None:
+    """The kind a network reads is extracted (fmllr: the GMM's MFCCs are); an ensemble's members read one kind."""
+    model = config["nnet"]["models"][name]
+    kinds = config["features"]["kinds"]
+    if model["type"] == "ensemble":
+        members = [m for m in model.get("members", []) if m in config["nnet"]["models"]]
+        used = {m: model_features(config, m) for m in members}
+        if len(set(used.values())) > 1:
+            raise ConfigError(f"config key 'nnet.models.{name}.members': the members read different features "
+                              f"({', '.join(f'{m}: {k}' for m, k in used.items())}); an ensemble decodes one kind")
+        return
+    kind = model_features(config, name)
+    key = f"nnet.models.{name}.features" if "features" in model else "nnet.features"
+    needed = "mfcc" if kind == "fmllr" else kind
+    if needed not in kinds:
+        why = " (fmllr adapts the GMM's MFCC features)" if kind == "fmllr" else ""
+        raise ConfigError(f"config key '{key}': {kind!r} needs {needed} features, which are not extracted{why}; "
+                          f"add {needed} to features.kinds ({', '.join(kinds)})")
 
 
 def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:

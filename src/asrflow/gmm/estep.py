@@ -106,6 +106,11 @@ def training_graph(model: GmmModel, shard: Shard, i: int, tree_id: bytes):
     return _GRAPHS[key]
 
 
+def text_graph(model: GmmModel, lang_dir: str, word_ids: list[int], tree_id: bytes):
+    """The training graph of any word sequence (e.g. a first-pass hypothesis), not cached."""
+    return _compiler(model, lang_dir, tree_id).compile_graph_from_text(list(word_ids))
+
+
 def equal_alignment(graph, num_frames: int, utt: str) -> np.ndarray | None:
     """``align-equal-compiled``: a random path through the graph of exactly ``num_frames``."""
     ok, path = kfst.equal_align(ifst=graph, length=num_frames, rand_seed=zlib.crc32(utt.encode()) & 0x7FFFFFFF,

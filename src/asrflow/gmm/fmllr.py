@@ -58,10 +58,12 @@ def gaussian_stats(feats: np.ndarray, post: np.ndarray, means: np.ndarray, invva
     return FmllrStats(float(post.sum()), k, g)
 
 
-def accumulate(model: GmmModel, feats: list[np.ndarray], pdf_alignments: list[np.ndarray]) -> FmllrStats:
+def accumulate(model: GmmModel, feats: list[np.ndarray], pdf_alignments: list[np.ndarray],
+               weights: list[np.ndarray] | None = None) -> FmllrStats:
     """Statistics of one speaker's utterances under ``model``, frames assigned to pdfs by
     ``pdf_alignments`` (one pdf id per frame) and to Gaussians by their posteriors within the pdf
-    (``gmm-est-fmllr`` given ``ali-to-post``)."""
+    (``gmm-est-fmllr`` given ``ali-to-post``), each frame weighted by ``weights`` if given
+    (``weight-silence-post``: silence frames count little)."""
     dim = model.am.dim
     stats = FmllrStats.zeros(dim)
     if not feats:
@@ -70,12 +72,13 @@ def accumulate(model: GmmModel, feats: list[np.ndarray], pdf_alignments: list[np
     pdfs = np.concatenate(pdf_alignments).astype(np.int64)
     if len(pdfs) != len(x_all):
         raise FmllrError(f"{len(pdfs)} aligned frames for {len(x_all)} feature frames")
+    frame_weight = np.concatenate(weights).astype(np.float64) if weights is not None else np.ones(len(pdfs))
     for pdf in np.unique(pdfs):
         xp = x_all[pdfs == pdf]
         gmm = model.am.get_pdf(int(pdf))
         ll = np.asarray(gmm.log_likelihoods_matrix(xp.astype(np.float32)), dtype=np.float64)
         post = np.exp(ll - ll.max(1, keepdims=True))
-        post /= post.sum(1, keepdims=True)
+        post *= (frame_weight[pdfs == pdf] / post.sum(1))[:, None]
         invvars = np.asarray(gmm.inv_vars, dtype=np.float64)
         means = np.asarray(gmm.means_invvars, dtype=np.float64) / invvars
         stats = stats + gaussian_stats(xp, post, means, invvars)
@@ -103,7 +106,7 @@ def estimate(stats: FmllrStats, iterations: int = 10, init: np.ndarray | None = 
     dim = stats.k.shape[0]
     if stats.beta < min_count:
         raise FmllrError(f"{stats.beta:.1f} frames of statistics, fewer than the {min_count:g} needed")
-    w = np.hstack([np.eye(dim), np.zeros((dim, 1))]) if init is None else np.array(init, dtype=np.float64)
+    w = identity(dim) if init is None else np.array(init, dtype=np.float64)
     g_inv = np.linalg.inv(stats.g)
     for _ in range(iterations):
         for i in range(dim):
@@ -120,6 +123,16 @@ def estimate(stats: FmllrStats, iterations: int = 10, init: np.ndarray | None = 
                     best, best_q = row, q
             w[i] = best
     return w
+
+
+def identity(dim: int) -> np.ndarray:
+    """The transform that changes nothing, ``[I 0]``."""
+    return np.hstack([np.eye(dim), np.zeros((dim, 1))])
+
+
+def compose(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """The transform that applies ``inner`` then ``outer`` (``compose-transforms``)."""
+    return np.hstack([outer[:, :-1] @ inner[:, :-1], (outer[:, :-1] @ inner[:, -1] + outer[:, -1])[:, None]])
 
 
 def apply(w: np.ndarray, feats: np.ndarray) -> np.ndarray:

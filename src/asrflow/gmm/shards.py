@@ -32,7 +32,7 @@ def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Pa
     for i, group in enumerate(shard(utts, shard_utts)):
         speakers = tuple(utt2spk[u] for u in group)
         out.append(Shard(
-            key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{i}",
+            key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{shard_utts}/{i}",  # shards of another size differ
             utts=tuple(group),
             feats=tuple(scp[u] for u in group),
             speakers=speakers,

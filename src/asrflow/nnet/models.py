@@ -162,7 +162,7 @@ MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "ensemble": Ensemble}
 
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
-NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel")
+NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features")
 
 
 def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def pooled_cmvn(feats_dir: Path, split: str) -> np.ndarray:
 def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: Path, train: str,
                  gmm_dir: Path | None, graph_dir: Path | None, lang_dir: Path | None,
                  out_dir: Path | None = None, tuned: dict[str, float] | None = None) -> dict[str, str]:
-    """The files a :class:`Transcriber` needs, by name.
+    """The files a :class:`Transcriber` needs, by name (none for networks that read fmllr features).
 
     ``settings.json`` and ``cmvn.npy`` are written into ``out_dir`` (default ``net_dir``).
     ``tuned`` (the tune stage's choice) replaces the configured decoder settings, so the
@@ -48,11 +48,15 @@ def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: 
     from asrflow.decode.stage import decoder_kind
     from asrflow.decode.tune import AXES
 
+    from asrflow.config import model_features
+
+    if model_features(config, system) == "fmllr":
+        return {}  # no transcriber: adapted features need a GMM first pass over each speaker's utterances
     out_dir = out_dir or net_dir
     model = config["nnet"]["models"][system]
     kind = decoder_kind(model)
     decode = {**config["nnet"]["decode"], **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}
-    opts = FeatureOptions.from_config(config["features"], config["nnet"]["features"], config["audio"]["sample_rate"])
+    opts = FeatureOptions.from_config(config["features"], model_features(config, system), config["audio"]["sample_rate"])
     settings = {"system": system, "objective": model["objective"], "decoder": kind, "features": asdict(opts),
                 "decode": decode, "tuned": tuned or {}, "graph_decode": config["decode"], "seed": config["seed"]}
     (out_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")

@@ -1,0 +1,219 @@
+"""The fmllr stage: speaker-adapted features from a GMM system (Kaldi's ``align_fmllr.sh``,
+``decode_fmllr.sh`` and ``steps/nnet/make_fmllr_feats.sh``).
+
+Every speaker of a training split (and of its speed-perturbed copies, each copy speaker on its
+own) and of the test splits paired with it gets one fMLLR transform (:mod:`asrflow.gmm.fmllr`)
+of the GMM's features (CMVN, then Δ+ΔΔ). Training speakers: from their forced alignments.
+Test speakers, unsupervised: a first decoding pass with the speaker-independent system, its
+1-best hypotheses force-aligned, a transform estimated; ``passes`` > 1 decodes again with the
+adapted features and refines the transform. Silence frames count ``silence_weight`` times.
+Speakers with too few frames keep the identity, and are listed in the report.
+
+Output folder (``results/<exp>/fmllr/<train>/<system>/``), a feature kind networks can read
+(``nnet.features: fmllr``)::
+
+    <split>/feats.ark feats.scp utt2num_frames   adapted features of each split
+    <split>/cmvn.ark cmvn.scp                     zero statistics: CMVN leaves adapted features as they are
+    <split>/trans.txt                             each speaker's transform [A b], one row per line
+    report.tsv                                    speakers kept at the identity, utterances without statistics
+    manifest.json                                 speakers, frames, objective gain per pass, timing
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrflow.cluster import broadcast, run_sharded
+from asrflow.data.perturb import perturbed_split
+from asrflow.decode.decoder import DecodeOptions, decode_all
+from asrflow.features.ark import write_ark, write_text_atomic
+from asrflow.gmm import fmllr
+from asrflow.gmm.estep import AlignOptions, Shard, features, text_graph, tree_key, viterbi_alignment
+from asrflow.gmm.model import GmmModel
+from asrflow.gmm.shards import split_shards
+from asrflow.gmm.stage import read_alignments
+from asrflow.lang.graph import read_symbols
+from asrflow.lang.lexicon import OOV_WORD
+
+
+@dataclass(frozen=True)
+class AdaptOptions:
+    """How statistics are gathered: the first pass's decoder, the aligner, the weight of silence frames."""
+
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
+    align: AlignOptions = field(default_factory=AlignOptions)
+    silence_weight: float = 0.01
+
+
+@dataclass
+class SpeakerStats:
+    """One shard's fMLLR statistics per speaker, with the hypotheses and what had none."""
+
+    stats: dict[str, fmllr.FmllrStats]
+    hyps: dict[str, list[str]]
+    failed: list[tuple[str, str]]
+
+
+def adapted(shard: Shard, transforms: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The shard's GMM features, each through its speaker's transform (none: as they are)."""
+    return [fmllr.apply(transforms[s], x) if s in transforms else x
+            for x, s in zip(features(shard), shard.speakers)]
+
+
+def speaker_stats(item: tuple[Shard, dict[str, np.ndarray] | None], model_blob: bytes, graph_path: str,
+                  transforms: dict[str, np.ndarray], opts: AdaptOptions) -> SpeakerStats:
+    """fMLLR statistics of a shard's speakers on their current adapted features (a Dask task).
+
+    With alignments (training speakers) they give the frames' pdfs; without (test speakers),
+    the shard is decoded with ``graph_path`` and each 1-best hypothesis force-aligned.
+    """
+    shard, alignments = item
+    model = GmmModel.from_bytes(model_blob)
+    feats = adapted(shard, transforms)
+    hyps: dict[str, list[str]] = {}
+    lang = Path(shard.lang_dir)
+    if alignments is None:
+        items = [(u, len(x), lambda x=x: _decodable(model, x, opts.decode.acoustic_scale))
+                 for u, x in zip(shard.utts, feats)]
+        hyps = decode_all(graph_path, model.tm, opts.decode, items).hyps
+        words = read_symbols(lang / "words.txt")
+        tree_id = tree_key(model)
+    silence = [int(p) for p in (lang / "silence.int").read_text().split()]
+    phone_of, _ = model.tid_tables
+    per_speaker: dict[str, tuple[list, list, list]] = defaultdict(lambda: ([], [], []))
+    failed: list[tuple[str, str]] = []
+    for utt, spk, x in zip(shard.utts, shard.speakers, feats):
+        if alignments is not None:
+            ali = alignments.get(utt)
+            reason = "no forced alignment"
+        elif not hyps.get(utt):
+            ali, reason = None, "the first pass decoded no words"
+        else:
+            graph = text_graph(model, shard.lang_dir, [words.get(w, words[OOV_WORD]) for w in hyps[utt]], tree_id)
+            ali = viterbi_alignment(model, graph, x, utt, opts.align)[0]
+            reason = "its hypothesis could not be aligned"
+        if ali is None:
+            failed.append((utt, reason))
+            continue
+        x_list, pdf_list, weight_list = per_speaker[spk]
+        x_list.append(x)
+        pdf_list.append(model.tid2pdf[ali])
+        weight_list.append(np.where(np.isin(phone_of[ali], silence), opts.silence_weight, 1.0))
+    stats = {spk: fmllr.accumulate(model, *lists) for spk, lists in per_speaker.items()}
+    return SpeakerStats(stats, hyps, failed)
+
+
+def _decodable(model: GmmModel, feats: np.ndarray, scale: float):
+    from asrflow.kaldi import khg
+
+    return khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=feats, scale=scale)
+
+
+def update_transforms(results: list[SpeakerStats], transforms: dict[str, np.ndarray], cfg: dict[str, Any],
+                      identity: dict[str, str]) -> dict[str, float]:
+    """Estimate each speaker's transform on top of its current one (``transforms``, updated in
+    place); speakers with too few frames go into ``identity`` with the reason. Returns each
+    adapted speaker's objective gain per frame."""
+    totals: dict[str, fmllr.FmllrStats] = {}
+    for r in results:
+        for spk, st in r.stats.items():
+            totals[spk] = totals[spk] + st if spk in totals else st
+    gains = {}
+    for spk, st in sorted(totals.items()):
+        try:
+            w = fmllr.estimate(st, iterations=cfg["iterations"], min_count=cfg["min_frames"])
+        except fmllr.FmllrError as err:
+            identity[spk] = str(err)
+            continue
+        gains[spk] = fmllr.objective(st, w) - fmllr.objective(st, fmllr.identity(w.shape[0]))
+        transforms[spk] = fmllr.compose(w, transforms[spk]) if spk in transforms else w
+    return gains
+
+
+def adapted_matrices(shard: Shard, transforms: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """``(utt, adapted features)`` of a shard (a Dask task)."""
+    return list(zip(shard.utts, adapted(shard, transforms)))
+
+
+def write_split(folder: Path, items: list[tuple[str, np.ndarray]], utt2spk: dict[str, str],
+                transforms: dict[str, np.ndarray]) -> None:
+    """A split's adapted features as a feature kind: ark/scp, frame counts, zero CMVN statistics, transforms."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / "feats.scp", write_ark(folder / "feats.ark", items))
+    write_text_atomic(folder / "utt2num_frames", [f"{u} {len(m)}" for u, m in items])
+    dim = items[0][1].shape[1] if items else 0
+    zero = np.zeros((2, dim + 1))
+    zero[0, -1] = 1.0  # a count of one and zero sums: mean 0
+    speakers = sorted({utt2spk[u] for u, _ in items})
+    write_text_atomic(folder / "cmvn.scp", write_ark(folder / "cmvn.ark", [(s, zero) for s in speakers]))
+    write_text_atomic(folder / "trans.txt", [f"{s} " + " ".join(f"{v:.6g}" for v in transforms[s].ravel())
+                                             for s in speakers if s in transforms])
+
+
+def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str | Path, graph_dir: str | Path,
+                 data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, out_dir: str | Path,
+                 client: Any, align_dir: str | Path | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Write the adapted features of ``train``, its speed-perturbed copies (when ``align_dir``
+    holds their alignments) and its test splits into ``out_dir``; returns the manifest."""
+    start = time.perf_counter()
+    out, data_dir = Path(out_dir), Path(data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = config["fmllr"]
+    dcfg = config["decode"]
+    opts = AdaptOptions(DecodeOptions(beam=dcfg["beam"], max_active=dcfg["max_active"],
+                                      lattice_beam=dcfg["lattice_beam"], acoustic_scale=dcfg["acoustic_scale"]),
+                        AlignOptions(beam=config["gmm"][system]["beam"], retry_beam=config["gmm"][system]["retry_beam"]),
+                        cfg["silence_weight"])
+    model = GmmModel.load(gmm_dir)
+    blob = broadcast(client, model.to_bytes())
+    graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
+    splits: dict[str, dict[str, np.ndarray] | None] = {train: read_alignments(Path(gmm_dir) / "ali" / "transition_ids.txt")}
+    if align_dir is not None:
+        splits[perturbed_split(train)] = read_alignments(Path(align_dir) / "ali" / "transition_ids.txt")
+    manifest_splits = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))["splits"]
+    for split in manifest_splits:
+        if split.endswith("test") and split[: -len("test")] + "train" == train:
+            splits[split] = None
+    report, summary = [], {}
+    for split, alignments in splits.items():
+        shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"])
+        items = [(s, None if alignments is None else {u: alignments[u] for u in s.utts if u in alignments})
+                 for s in shards]
+        transforms: dict[str, np.ndarray] = {}
+        identity: dict[str, str] = {}
+        passes = 1 if alignments is not None else cfg["passes"]
+        gains, failed = [], []
+        for p in range(passes):
+            results = run_sharded(client, speaker_stats, items, blob, graph_path, transforms, opts,
+                                  units=[len(s.utts) for s in shards], desc=f"fmllr-{split}-pass{p + 1}",
+                                  retries=config["dask"]["retries"])
+            identity.clear()
+            gain = update_transforms(results, transforms, cfg, identity)
+            gains.append(round(float(np.mean(list(gain.values()))), 4) if gain else 0.0)
+            failed = [f for r in results for f in r.failed]
+        matrices = run_sharded(client, adapted_matrices, shards, transforms, units=[len(s.utts) for s in shards],
+                               desc=f"fmllr-{split}-write", retries=config["dask"]["retries"])
+        utt2spk = {u: s for sh in shards for u, s in zip(sh.utts, sh.speakers)}
+        write_split(out / split, [m for part in matrices for m in part], utt2spk, transforms)
+        report += [(split, "speaker", spk, f"kept the identity: {why}") for spk, why in sorted(identity.items())]
+        report += [(split, "utterance", utt, f"no statistics: {why}") for utt, why in sorted(failed)]
+        summary[split] = {"supervised": alignments is not None, "utterances": len(utt2spk),
+                          "speakers": len(set(utt2spk.values())), "adapted": len(transforms),
+                          "identity": len(identity), "without_statistics": len(failed),
+                          "gain_per_frame_by_pass": gains}
+        log(f"fmllr {split}: {len(transforms)} of {summary[split]['speakers']} speakers adapted, "
+            f"objective gain per frame {gains}, {len(failed)} utterances without statistics")
+    write_text_atomic(out / "report.tsv", ["split\tkind\tid\treason"] + ["\t".join(r) for r in report])
+    manifest = {"system": system, "train": train, "splits": summary, "passes": cfg["passes"],
+                "dim": model.am.dim, "seconds": round(time.perf_counter() - start, 3)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
