@@ -11,7 +11,8 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "dnn_sp", "lstm", "cnn", "ctc", "ctc_phone")  # trained (dnn_sp on speed-perturbed copies)
+NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "lstm", "cnn", "ctc", "ctc_phone")  # trained (dnn_sp on speed-perturbed copies,
+# dnn_fmllr on speaker-adapted features)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = pytest.mark.workflow
@@ -56,7 +57,7 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     systems = ("mono", "tri", *NETWORKS, ENSEMBLE)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
-                         "gmm-mono-train", "gmm-tri-train", "align-tri-train_sp",
+                         "gmm-mono-train", "gmm-tri-train", "align-tri-train_sp", "fmllr-tri-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"tune-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
@@ -140,6 +141,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     # the held-out utterances are the same, and their speed-perturbed copies stay out of training
     assert sp["valid_utterances"] == plain["valid_utterances"] == 6 and sp["train_utterances"] == 3 * 25
     assert (plain["train_data"], sp["train_data"]) == ("train", "train_sp")
+    adapted = json.loads((res / "fmllr" / "train" / "tri" / "manifest.json").read_text())
+    assert list(adapted["splits"]) == ["train", "test"] and adapted["dim"] == 39  # no network reads train_sp adapted
+    assert all(s["adapted"] == s["speakers"] == 1 for s in adapted["splits"].values())
+    assert json.loads((res / "nnet" / "train" / "dnn_fmllr" / "manifest.json").read_text())["features"] == "fmllr"
     # measured: 2-4 errors each, all insertions (README); the GMM triphone gets 0
     assert all(e <= 8 for e in errors.values()), errors
     assert min(errors.values()) <= 3, errors
@@ -153,6 +158,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     for system in ("mono", "tri", *NETWORKS, ENSEMBLE):
         assert f"| {system} |" in table
     assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
+    assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
 

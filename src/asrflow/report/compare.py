@@ -54,6 +54,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
+    if params.get("nnet.effective.features") == "fmllr":
+        objective += ", fMLLR features"
     return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes),
             "parallel": _parallel(params)}
 
