@@ -7,6 +7,7 @@ from asrflow.workflow import (
     ensemble_inputs,
     ensemble_systems,
     fmllr_inputs,
+    gmm_decode_inputs,
     launch_resources,
     network_systems,
     nnet_decode_inputs,

@@ -41,18 +41,16 @@ rule graph_ctc:
         "asrflow graph --lang {input.lang} --ctc --out {output} > {log} 2>&1"
 
 
+# A GMM system (mono, tri), or one decoded with speaker-adapted features (mono_fmllr, tri_fmllr:
+# the test speakers' features after the fmllr rule's two passes, Kaldi's decode_fmllr.sh).
 rule decode:
     input:
-        data=f"{RESULTS}/data",
-        features=f"{RESULTS}/features/mfcc",
-        lang=lambda wildcards: f"{RESULTS}/lang/{train_split(wildcards.test)}",
-        model=lambda wildcards: f"{RESULTS}/gmm/{train_split(wildcards.test)}/{wildcards.system}",
-        graph=lambda wildcards: f"{RESULTS}/graph/{train_split(wildcards.test)}/{wildcards.system}",
+        unpack(lambda wildcards: gmm_decode_inputs(config, wildcards.test, wildcards.system)),
     output:
         directory(f"{RESULTS}/decode/{{system}}/{{test}}"),
     wildcard_constraints:
         test="[^/]*test",
-        system="mono|tri",
+        system="mono|tri|mono_fmllr|tri_fmllr",
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "decode"),

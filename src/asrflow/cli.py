@@ -248,16 +248,17 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from asrflow.decode.stage import decode_split
     from asrflow.tracking import stage_run
 
-    from asrflow.config import GMM_SYSTEMS
+    from asrflow.config import ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS
     from asrflow.decode.stage import decode_split_nnet
 
     config = _load(args)
     with stage_run(config, f"decode-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
         with dask_client(config["dask"], args.workers, log=_log) as client:
-            if args.system in GMM_SYSTEMS:
+            if args.system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS:  # adapted features come with Δ+ΔΔ
                 info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
-                                    args.out, client, log=_log)
+                                    args.out, client, deltas=0 if args.system in ADAPTED_GMM_SYSTEMS else 2,
+                                    log=_log)
             else:
                 from asrflow.decode.tune import tuned_settings
 

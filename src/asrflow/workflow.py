@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import ConfigError, model_features, model_train, resolve_config, section_fingerprint, write_resolved
+from asrflow.config import (ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS, ConfigError, model_features, model_train, resolve_config,
+                            section_fingerprint, write_resolved)
 from asrflow.config.schema import reapply_replaced
 from asrflow.data.perturb import perturbed_split
 
@@ -39,8 +40,6 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
 }
-
-GMM_SYSTEMS = ("mono", "tri")
 
 
 def parallel_settings(config: dict[str, Any], system: str) -> dict[str, Any]:
@@ -95,7 +94,17 @@ def score_targets(config: dict[str, Any]) -> list[str]:
 
 def network_systems(config: dict[str, Any]) -> list[str]:
     """The evaluated systems that are networks (``nnet.models`` entries)."""
-    return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS]
+    return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS]
+
+
+def gmm_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
+    """Inputs of decoding ``test`` with GMM ``system``: its model and graph, and the MFCCs, or for
+    ``<gmm>_fmllr`` the fold's speaker-adapted features (rule fmllr)."""
+    root, train = results_dir(config), train_split(test)
+    gmm = system.removesuffix("_fmllr")
+    features = f"{root}/fmllr/{train}/{gmm}" if system in ADAPTED_GMM_SYSTEMS else f"{root}/features/mfcc"
+    return {"data": f"{root}/data", "features": features, "lang": f"{root}/lang/{train}",
+            "model": f"{root}/gmm/{train}/{gmm}", "graph": f"{root}/graph/{train}/{gmm}"}
 
 
 def ensemble_systems(config: dict[str, Any]) -> list[str]:

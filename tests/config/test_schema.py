@@ -51,6 +51,12 @@ def test_defaults_filled_deeply() -> None:
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},
           "evaluation": {"systems": ["e"]}},
          "config key 'nnet.models.e.members': the members read different features (a: fmllr, b: fbank)"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"kinds": ["fbank"]},
+          "evaluation": {"systems": ["tri_fmllr"]}},
+         "config key 'evaluation.systems': tri_fmllr adapts the GMM's MFCC features; add mfcc to features.kinds"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["tri_fmlr"]}},
+         "'tri_fmlr' is neither a GMM system (mono, tri, mono_fmllr, tri_fmllr) nor a network in nnet.models "
+         "(did you mean 'tri_fmllr'?)"),
     ],
 )
 def test_errors_name_the_key(raw: dict, message: str) -> None:

@@ -38,12 +38,13 @@ def test_outputs(yesno_run: Path) -> None:
 
 def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
     res = yesno_run / "results" / "yesno"
-    scores = {s: json.loads((res / "score" / s / "test.json").read_text()) for s in ("mono", "tri")}
+    scores = {s: json.loads((res / "score" / s / "test.json").read_text()) for s in ("mono", "tri", "tri_fmllr")}
     for summary in scores.values():
         assert {"wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts", "oov_rate", "rtf"} <= summary.keys()
         assert summary["n_ref_words"] == 232 and summary["n_utts"] == 29 and summary["oov_rate"] == 0.0
         assert 0 < summary["rtf"] < 0.2
     assert scores["tri"]["errors"] == 0, scores["tri"]
+    assert scores["tri_fmllr"]["errors"] <= 1, scores["tri_fmllr"]  # the tri GMM on speaker-adapted features
     assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: see README results
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31
@@ -55,7 +56,7 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("yesno")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    systems = ("mono", "tri", *NETWORKS, ENSEMBLE)
+    systems = ("mono", "tri", "tri_fmllr", *NETWORKS, ENSEMBLE)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
                          "gmm-mono-train", "gmm-tri-train", "align-tri-train_sp", "fmllr-tri-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],

@@ -1,6 +1,7 @@
 """Experiment configuration: load YAML, merge overlays, validate against the schema, fill defaults."""
 
 from asrflow.config.schema import (
+    ADAPTED_GMM_SYSTEMS,
     GMM_SYSTEMS,
     ConfigError,
     load_config,
@@ -13,6 +14,7 @@ from asrflow.config.schema import (
 )
 
 __all__ = [
+    "ADAPTED_GMM_SYSTEMS",
     "GMM_SYSTEMS",
     "ConfigError",
     "load_config",

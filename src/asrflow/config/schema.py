@@ -151,17 +151,23 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
 
 
 GMM_SYSTEMS = ("mono", "tri")
+#: GMM systems decoded with speaker-adapted features (rule fmllr; Kaldi's decode_fmllr.sh)
+ADAPTED_GMM_SYSTEMS = tuple(f"{g}_fmllr" for g in GMM_SYSTEMS)
 
 
 def _check_systems(config: dict[str, Any]) -> None:
     """Every evaluated system exists; networks get their type's size defaults filled in."""
     models = config["nnet"]["models"]
     for system in config["evaluation"]["systems"]:
-        if system in GMM_SYSTEMS:
+        if system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS:
+            if system in ADAPTED_GMM_SYSTEMS and "mfcc" not in config["features"]["kinds"]:
+                raise ConfigError(f"config key 'evaluation.systems': {system} adapts the GMM's MFCC features; "
+                                  f"add mfcc to features.kinds")
             continue
         if system not in models:
-            hint = difflib.get_close_matches(system, [*GMM_SYSTEMS, *models], n=1)
-            raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system (mono, tri) nor "
+            hint = difflib.get_close_matches(system, [*GMM_SYSTEMS, *ADAPTED_GMM_SYSTEMS, *models], n=1)
+            raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system (mono, tri, "
+                              f"mono_fmllr, tri_fmllr) nor "
                               f"a network in nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                               + f"; networks defined: {', '.join(models) or 'none'}")
     for name, model in models.items():

@@ -45,14 +45,16 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
 
 def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, data_dir: str | Path,
                  feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
-                 log=print) -> dict[str, Any]:
-    """Decode split ``test``; write ``hyp.txt`` (words) and ``manifest.json`` (RTF, failures)."""
+                 deltas: int = 2, log=print) -> dict[str, Any]:
+    """Decode split ``test``; write ``hyp.txt`` (words) and ``manifest.json`` (RTF, failures).
+
+    ``deltas``: Δ orders added to the features (0 for features that hold them, e.g. fMLLR-adapted)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dcfg = config["decode"]
     opts = DecodeOptions(beam=dcfg["beam"], max_active=dcfg["max_active"], lattice_beam=dcfg["lattice_beam"],
                          acoustic_scale=dcfg["acoustic_scale"])
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, dcfg["shard_utts"])
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, dcfg["shard_utts"], deltas=deltas)
     model = GmmModel.load(model_dir)
     blob = broadcast(client, model.to_bytes())
     graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")

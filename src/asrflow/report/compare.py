@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from asrflow.data.perturb import SUFFIX as SPEED_PERTURBED
 from asrflow.tracking.query import RunRecord
 
-GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians"))}
+GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians")),
+                "mono_fmllr": ("gmm.mono.", ("gaussians",)), "tri_fmllr": ("gmm.tri.", ("leaves", "gaussians"))}
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
               "subsampling", "units", "vocab_size", "members", "combine")
@@ -45,7 +46,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     """``model``, ``objective`` and the size settings of a system, from its training run's params."""
     if system in GMM_SETTINGS:
         prefix, keys = GMM_SETTINGS[system]
-        return {"model": f"gmm-hmm ({system})", "objective": "ML",
+        gmm = system.removesuffix("_fmllr")
+        return {"model": f"gmm-hmm ({gmm})", "objective": "ML" + (", fMLLR features" if gmm != system else ""),
                 "sizes": ", ".join(f"{k}={params[prefix + k]}" for k in keys if prefix + k in params)}
     prefix = f"nnet.models.{system}."
     objective = params.get(f"{prefix}objective", "hybrid")
@@ -82,7 +84,8 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
     rows = []
     main_train = train_split(tests[0])
     for system in systems:
-        training = latest.get(f"gmm-{system}-{main_train}") or latest.get(f"nnet-{system}-{main_train}")
+        training = (latest.get(f"gmm-{system.removesuffix('_fmllr')}-{main_train}")
+                    or latest.get(f"nnet-{system}-{main_train}"))
         row = SystemRow(system, _settings(system, training.params) if training else {})
         if training:
             row.train_seconds = training.metrics.get("seconds")
