@@ -23,6 +23,14 @@ def sample(rng, means, variances, frames):
     return x, np.eye(len(means))[comp]
 
 
+def one_gaussian_pdfs(means, variances):
+    """A model (only its ``am``) whose pdf i is the single Gaussian i."""
+    am = khg.AmDiagGmm()
+    for m, v in zip(means, variances):
+        am.add_pdf(single_gaussian(m, v))
+    return SimpleNamespace(am=am)
+
+
 def distortion(rng, dim):
     a = np.eye(dim) + 0.3 * rng.normal(size=(dim, dim))
     return a, rng.normal(0, 1, dim)
@@ -75,13 +83,10 @@ def test_too_few_frames_is_an_error():
 def test_model_statistics_use_the_posteriors_within_each_aligned_pdf():
     rng = np.random.default_rng(4)
     means, variances = mixture(rng, 2, 3)
-    am = khg.AmDiagGmm()
-    for m, v in zip(means, variances):
-        am.add_pdf(single_gaussian(m, v))
     x, post = sample(rng, means, variances, 500)
     pdfs = post.argmax(1)
     halves = [x[:200], x[200:]], [pdfs[:200], pdfs[200:]]
-    got = fmllr.accumulate(SimpleNamespace(am=am), *halves)
+    got = fmllr.accumulate(one_gaussian_pdfs(means, variances), *halves)
     want = fmllr.gaussian_stats(x, post, means, 1 / variances)
     assert got.beta == pytest.approx(want.beta)
     np.testing.assert_allclose(got.k, want.k, rtol=1e-4)
@@ -99,12 +104,9 @@ def test_compose_applies_the_inner_transform_first():
 def test_frame_weights_scale_the_statistics():
     rng = np.random.default_rng(6)
     means, variances = mixture(rng, 2, 3)
-    am = khg.AmDiagGmm()
-    for m, v in zip(means, variances):
-        am.add_pdf(single_gaussian(m, v))
     x, post = sample(rng, means, variances, 100)
     weights = np.where(np.arange(100) < 50, 1.0, 0.01)
-    got = fmllr.accumulate(SimpleNamespace(am=am), [x], [post.argmax(1)], [weights])
+    got = fmllr.accumulate(one_gaussian_pdfs(means, variances), [x], [post.argmax(1)], [weights])
     want = fmllr.gaussian_stats(x, post * weights[:, None], means, 1 / variances)
     assert got.beta == pytest.approx(50 + 0.5)
     np.testing.assert_allclose(got.g, want.g, rtol=1e-4)
