@@ -33,6 +33,17 @@ class DecodeOptions:
     frame_shift: float = 0.01
 
 
+def gmm_decode_options(decode: dict) -> DecodeOptions:
+    """A GMM's lattice-faster settings from the config's ``decode`` section."""
+    return DecodeOptions(beam=decode["beam"], max_active=decode["max_active"], lattice_beam=decode["lattice_beam"],
+                         acoustic_scale=decode["acoustic_scale"])
+
+
+def gmm_decodable(model: GmmModel, feats: np.ndarray, scale: float):
+    """The GMM's scaled log-likelihoods of ``feats`` for Kaldi's decoder and aligner."""
+    return khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=feats, scale=scale)
+
+
 @dataclass
 class DecodeResult:
     hyps: dict[str, list[str]]  # utterance -> words
@@ -119,8 +130,7 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
 def decode_shard(shard: Shard, model_blob: bytes, graph_path: str, opts: DecodeOptions) -> DecodeResult:
     """1-best word ids of each utterance of a shard with a GMM-HMM (runs on a Dask worker)."""
     model = GmmModel.from_bytes(model_blob)
-    items = [(utt, x.shape[0],
-              lambda x=x: khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=x, scale=opts.acoustic_scale))
+    items = [(utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
              for utt, x in zip(shard.utts, features(shard))]
     return decode_all(graph_path, model.tm, opts, items)
 

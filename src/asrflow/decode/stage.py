@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
-from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard, rtf
+from asrflow.decode.decoder import DecodeResult, decode_shard, gmm_decode_options, rtf
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.kaldi import kfst
@@ -52,8 +52,7 @@ def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str |
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dcfg = config["decode"]
-    opts = DecodeOptions(beam=dcfg["beam"], max_active=dcfg["max_active"], lattice_beam=dcfg["lattice_beam"],
-                         acoustic_scale=dcfg["acoustic_scale"])
+    opts = gmm_decode_options(dcfg)
     shards = split_shards(data_dir, feats_dir, lang_dir, test, dcfg["shard_utts"], deltas=deltas)
     model = GmmModel.load(model_dir)
     blob = broadcast(client, model.to_bytes())

@@ -33,7 +33,7 @@ import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
 from asrflow.data.perturb import perturbed_split
-from asrflow.decode.decoder import DecodeOptions, decode_all
+from asrflow.decode.decoder import DecodeOptions, decode_all, gmm_decodable, gmm_decode_options
 from asrflow.features.ark import write_ark, write_text_atomic
 from asrflow.gmm import fmllr
 from asrflow.gmm.estep import AlignOptions, Shard, features, text_graph, tree_key, viterbi_alignment
@@ -42,6 +42,7 @@ from asrflow.gmm.shards import split_shards
 from asrflow.gmm.stage import read_alignments
 from asrflow.lang.graph import read_symbols
 from asrflow.lang.lexicon import OOV_WORD
+from asrflow.workflow import train_split
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def speaker_stats(item: tuple[Shard, dict[str, np.ndarray] | None], model_blob: 
     hyps: dict[str, list[str]] = {}
     lang = Path(shard.lang_dir)
     if alignments is None:
-        items = [(u, len(x), lambda x=x: _decodable(model, x, opts.decode.acoustic_scale))
+        items = [(u, len(x), lambda x=x: gmm_decodable(model, x, opts.decode.acoustic_scale))
                  for u, x in zip(shard.utts, feats)]
         hyps = decode_all(graph_path, model.tm, opts.decode, items).hyps
         words = read_symbols(lang / "words.txt")
@@ -109,12 +110,6 @@ def speaker_stats(item: tuple[Shard, dict[str, np.ndarray] | None], model_blob: 
         weight_list.append(np.where(np.isin(phone_of[ali], silence), opts.silence_weight, 1.0))
     stats = {spk: fmllr.accumulate(model, *lists) for spk, lists in per_speaker.items()}
     return SpeakerStats(stats, hyps, failed)
-
-
-def _decodable(model: GmmModel, feats: np.ndarray, scale: float):
-    from asrflow.kaldi import khg
-
-    return khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=feats, scale=scale)
 
 
 def update_transforms(results: list[SpeakerStats], transforms: dict[str, np.ndarray], cfg: dict[str, Any],
@@ -168,9 +163,7 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str |
     out, data_dir = Path(out_dir), Path(data_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = config["fmllr"]
-    dcfg = config["decode"]
-    opts = AdaptOptions(DecodeOptions(beam=dcfg["beam"], max_active=dcfg["max_active"],
-                                      lattice_beam=dcfg["lattice_beam"], acoustic_scale=dcfg["acoustic_scale"]),
+    opts = AdaptOptions(gmm_decode_options(config["decode"]),
                         AlignOptions(beam=config["gmm"][system]["beam"], retry_beam=config["gmm"][system]["retry_beam"]),
                         cfg["silence_weight"])
     model = GmmModel.load(gmm_dir)
@@ -181,7 +174,7 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str |
         splits[perturbed_split(train)] = read_alignments(Path(align_dir) / "ali" / "transition_ids.txt")
     manifest_splits = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))["splits"]
     for split in manifest_splits:
-        if split.endswith("test") and split[: -len("test")] + "train" == train:
+        if split.endswith("test") and train_split(split) == train:
             splits[split] = None
     report, summary = [], {}
     for split, alignments in splits.items():
