@@ -75,10 +75,16 @@ def dask_client_1():
 
 @pytest.fixture(scope="session")
 def yesno_run(tmp_path_factory, mirror) -> Path:
-    """The yesno experiment run locally (``snakemake --cores 2``): its working folder."""
+    """The yesno experiment run locally (``snakemake --cores 2``): its working folder.
+
+    yesno's feature, tuning and decoding jobs are mostly start-up (imports, a Dask cluster,
+    MLflow): each takes one core and one Dask worker (``--set-threads``), so two run at once.
+    Training and the GMMs keep both cores; results do not depend on the worker count.
+    """
     from tests.snakemake_run import YESNO, snakemake
 
     os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
     workdir = tmp_path_factory.mktemp("workflow")
-    snakemake(workdir, "--cores", "2", "--configfile", str(YESNO))
+    snakemake(workdir, "--cores", "2", "--set-threads", "features=1", "decode=1", "decode_nnet=1", "tune_nnet=1",
+              "--configfile", str(YESNO))
     return workdir

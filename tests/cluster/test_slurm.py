@@ -62,9 +62,11 @@ def slurm_run(slurm: Path, tmp_path_factory, mirror) -> tuple[Path, str]:
     workdir = tmp_path_factory.mktemp("slurm")
     overlay = workdir / "on_slurm.yaml"
     overlay.write_text(OVERLAY)
-    # the profile's own status checks start after 10 s; yesno's jobs are short
+    # Status checks: the plugin waits its initial interval (the profile's 10 s) after a job ends,
+    # then 10 s longer after each check that finds nothing finished (10, 30, 60 s, ...), so a
+    # 15-s job was seen after ~40 s. yesno's jobs take 10-25 s: 6 s gives checks at 6, 22, 48 s.
     proc = snakemake(workdir, "--profile", str(REPO / "cluster"), "--configfile", str(YESNO), str(overlay),
-                     "--slurm-init-seconds-before-status-checks", "3", timeout=1800)
+                     "--slurm-init-seconds-before-status-checks", "6", timeout=1800)
     return workdir, proc.stdout + proc.stderr
 
 

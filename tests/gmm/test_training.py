@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 from asrflow.cluster import dask_client
 from asrflow.data.stage import prepare_data
@@ -25,7 +26,7 @@ from asrflow.gmm.stage import align_split, read_alignments, write_alignments
 from asrflow.gmm.train import train_mono
 from asrflow.lang.stage import prepare_lang
 
-from ..conftest import make_config
+from ..conftest import make_config, write_wav
 
 QUIET = lambda *_: None  # noqa: E731
 SMALL = {"mono": {"iterations": 6, "realign_iterations": [1, 2, 4], "gaussians": 120, "max_iter_inc": 4}}
@@ -156,3 +157,17 @@ def test_fmllr_features_of_training_copies_and_test_speakers(yesno, dask_client_
     written = read_scp(out / "test" / "feats.scp")
     for utt, spk, x in list(zip(test.utts, test.speakers, features(test)))[:3]:
         np.testing.assert_allclose(load(written[utt]), fmllr.apply(trans[spk], x), atol=1e-3)
+
+
+def test_alignment_spectrogram_matches_librosa(tmp_path) -> None:
+    """The alignment plot's spectrogram (numpy) equals librosa's power_to_db(|stft|**2), the reference."""
+    librosa = pytest.importorskip("librosa")
+    from asrflow.gmm.stage import spectrogram
+
+    wav = write_wav(tmp_path / "tone.wav", seconds=0.7, freq=700.0)
+    samples, _ = sf.read(wav)
+    power = np.abs(librosa.stft(samples, n_fft=256, hop_length=80, win_length=200, center=False)) ** 2
+    reference = librosa.power_to_db(power, ref=np.max, top_db=80.0)
+    ours = spectrogram(str(wav), 8000)
+    assert ours.shape == reference.shape == (129, 1 + (5600 - 256) // 80)
+    np.testing.assert_allclose(ours, reference, atol=1e-6)

@@ -1,7 +1,13 @@
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from asrflow.nnet.models import build_model, parameter_count, splice
+from asrflow.nnet.models import MODELS, build_model, parameter_count, splice
+from asrflow.nnet.sizes import SIZES
 
 CONFIGS = [
     {"type": "dnn", "hidden": 64, "layers": 2, "context": 3},
@@ -50,6 +56,23 @@ def test_model_trains_on_a_toy_task() -> None:
         loss.backward()
         opt.step()
     assert loss.item() < 0.2
+
+
+def test_sizes_table_names_each_model_class_keyword() -> None:
+    """SIZES (read by config resolution without torch) lists exactly each class's size arguments."""
+    for kind, model in MODELS.items():
+        params = inspect.signature(model.__init__).parameters
+        assert set(params) - {"self", "input_dim", "output_dim"} == set(SIZES[kind]), kind
+    built = build_model({"type": "dnn", "hidden": 8}, 3, 2)  # the rest from SIZES
+    assert built.context == SIZES["dnn"]["context"] and len(built.body) == 4 * SIZES["dnn"]["layers"]
+
+
+def test_resolving_a_config_does_not_import_torch() -> None:
+    code = ("import sys; from asrflow.config import load_config; "
+            "c = load_config('config/config.yaml'); "
+            "assert c['nnet']['models']['dnn']['dropout'] is not None; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_unknown_type_is_a_clear_error() -> None:

@@ -18,6 +18,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from asrflow.nnet.sizes import complete_model_config
+
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -192,14 +194,11 @@ def _check_systems(config: dict[str, Any]) -> None:
                               f"over {nodes} nodes (learners must be a multiple of nodes)")
     for name, model in models.items():
         _check_features(config, name)
-    if models:
-        from asrflow.nnet.models import complete_model_config
-
-        for name, model in models.items():
-            try:
-                models[name] = complete_model_config(model)
-            except ValueError as exc:
-                raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
+    for name, model in models.items():
+        try:
+            models[name] = complete_model_config(model)
+        except ValueError as exc:
+            raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
 
 
 def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:

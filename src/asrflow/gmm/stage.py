@@ -56,17 +56,27 @@ def read_alignments(path: Path) -> dict[str, np.ndarray]:
 
 
 def spectrogram(audio: str, sample_rate: int, start: float | None = None, end: float | None = None) -> np.ndarray:
-    """Log power spectrogram (dB) with Kaldi's framing: 25 ms windows every 10 ms (librosa STFT)."""
-    import librosa
+    """Log power spectrogram (dB, peak at 0, floor 80 dB below) with Kaldi's framing.
 
+    25 ms Hann windows every 10 ms, no padding (``snip_edges``), zero-padded to a power of two
+    for the FFT: librosa's ``power_to_db(|stft(center=False)|**2, ref=max, top_db=80)``, in
+    numpy so that drawing one alignment does not import librosa. Shape: (bins, frames).
+    """
     from asrflow.data.audio import read_audio, resample
 
     samples, rate = read_audio(audio, start, end)
-    samples = resample(samples, rate, sample_rate)
-    n_fft = 1 << (int(0.025 * sample_rate) - 1).bit_length()
-    power = np.abs(librosa.stft(samples, n_fft=n_fft, hop_length=int(0.01 * sample_rate),
-                                win_length=int(0.025 * sample_rate), center=False)) ** 2
-    return librosa.power_to_db(power, ref=np.max, top_db=80.0)
+    samples = resample(samples, rate, sample_rate).astype(np.float64)
+    win, hop = int(0.025 * sample_rate), int(0.01 * sample_rate)
+    n_fft = 1 << (win - 1).bit_length()
+    if len(samples) < n_fft:
+        samples = np.pad(samples, (0, n_fft - len(samples)))
+    frames = np.lib.stride_tricks.sliding_window_view(samples, n_fft)[::hop]
+    left = (n_fft - win) // 2  # the window sits in the middle of the FFT frame, as in librosa
+    window = np.zeros(n_fft)
+    window[left:left + win] = np.hanning(win + 1)[:-1]  # periodic Hann
+    power = np.abs(np.fft.rfft(frames * window, axis=1)).T ** 2
+    db = 10.0 * np.log10(np.maximum(power, 1e-10)) - 10.0 * np.log10(max(power.max(), 1e-10))
+    return np.maximum(db, db.max() - 80.0)
 
 
 def plot_alignment(path: Path, image: np.ndarray, phones: list[str], utt: str, sample_rate: int) -> None:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from asrflow.nnet import NnetError
-from asrflow.nnet.models import build_model, network_config, parameter_count
+from asrflow.nnet.models import build_model, parameter_count
+from asrflow.nnet.sizes import network_config
 from asrflow.nnet.train import atomic_save
 
 

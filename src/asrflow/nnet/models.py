@@ -8,12 +8,13 @@ none subsamples unless asked (``subsampling`` on the CNN), so hybrid frame targe
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
 import torch
 from torch import nn
+
+from asrflow.nnet.sizes import network_config
 
 
 def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -37,8 +38,8 @@ def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -
 class DNN(nn.Module):
     """MLP over spliced frames (the classic hybrid DNN)."""
 
-    def __init__(self, input_dim: int, output_dim: int, hidden: int = 512, layers: int = 4,
-                 context: int = 5, dropout: float = 0.1) -> None:
+    def __init__(self, input_dim: int, output_dim: int, *, hidden: int, layers: int, context: int,
+                 dropout: float) -> None:
         super().__init__()
         self.context = context
         blocks: list[nn.Module] = []
@@ -56,8 +57,8 @@ class DNN(nn.Module):
 class LSTM(nn.Module):
     """Uni- or bidirectional LSTM, optionally with a projection (LSTMP)."""
 
-    def __init__(self, input_dim: int, output_dim: int, hidden: int = 320, layers: int = 3,
-                 bidirectional: bool = True, projection: int = 0, dropout: float = 0.1) -> None:
+    def __init__(self, input_dim: int, output_dim: int, *, hidden: int, layers: int, bidirectional: bool,
+                 projection: int, dropout: float) -> None:
         super().__init__()
         self.rnn = nn.LSTM(input_dim, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional,
                            proj_size=projection, dropout=dropout if layers > 1 else 0.0)
@@ -90,9 +91,8 @@ class CNN(nn.Module):
     utterance's last frame, so an utterance gives the same output alone or in a batch.
     """
 
-    def __init__(self, input_dim: int, output_dim: int, channels: tuple[int, ...] = (32, 32),
-                 tdnn_dim: int = 384, tdnn_dilations: tuple[int, ...] = (1, 2, 3, 3), subsampling: int = 1,
-                 dropout: float = 0.1) -> None:
+    def __init__(self, input_dim: int, output_dim: int, *, channels: tuple[int, ...], tdnn_dim: int,
+                 tdnn_dilations: tuple[int, ...], subsampling: int, dropout: float) -> None:
         super().__init__()
         self.conv = nn.ModuleList()
         in_ch, freq = 1, input_dim
@@ -137,8 +137,8 @@ class Ensemble(nn.Module):
 
     COMBINE = ("log_linear", "linear")
 
-    def __init__(self, input_dim: int, output_dim: int, members: tuple[dict[str, Any], ...] = (),
-                 combine: str = "log_linear") -> None:
+    def __init__(self, input_dim: int, output_dim: int, *, members: tuple[dict[str, Any], ...],
+                 combine: str) -> None:
         super().__init__()
         if len(members) < 2:
             raise ValueError("an ensemble needs at least two member networks")
@@ -161,35 +161,9 @@ class Ensemble(nn.Module):
 MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "ensemble": Ensemble}
 
 
-#: Config keys that are not model sizes (objective, units, training and parallel overrides).
-NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features")
-
-
-def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with the type's size defaults filled in; a size key the type lacks is an error."""
-    kind = config.get("type")
-    if kind not in MODELS:
-        raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")
-    params = {name: p.default for name, p in inspect.signature(MODELS[kind].__init__).parameters.items()
-              if name not in ("self", "input_dim", "output_dim")}
-    unknown = sorted(set(config) - set(params) - set(NON_SIZE_KEYS))
-    if unknown:
-        raise ValueError(f"{', '.join(unknown)} not an option of a {kind} model; its options: {', '.join(params)}")
-    if config.get("objective", "hybrid") == "hybrid" and config.get("subsampling", 1) != 1:
-        raise ValueError("subsampling must be 1 for a hybrid model (its frame targets are not subsampled)")
-    out = dict(config)
-    for name, default in params.items():
-        out.setdefault(name, list(default) if isinstance(default, tuple) else default)
-    return out
-
-
-def network_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The keys :func:`build_model` takes (type and sizes) from a model entry of the config."""
-    return {k: v for k, v in config.items() if k == "type" or k not in NON_SIZE_KEYS}
-
-
 def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:
-    """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes."""
+    """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes
+    (the type's defaults, :data:`asrflow.nnet.sizes.SIZES`, for those it leaves out)."""
     options = network_config(config)
     kind = options.pop("type", None)
     if kind not in MODELS:

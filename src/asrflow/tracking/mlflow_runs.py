@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 PARENT_ENV = "ASRFLOW_PARENT_RUN_ID"
-_PACKAGES = ("asrflow", "torch", "mlflow", "snakemake", "dask", "distributed", "librosa",
+_PACKAGES = ("asrflow", "torch", "mlflow", "snakemake", "dask", "distributed",
              "numpy", "soundfile", "soxr", "kaldiio", "sentencepiece", "num2words")
 
 
