@@ -1,8 +1,9 @@
 """Neural acoustic models: DNN/LSTM/CNN networks, hybrid (frame CE) and CTC training under torchrun.
 
 Modules: ``models`` (factory), ``sizes`` (each type's sizes and defaults, torch-free),
-``data`` (lazy features, buckets, chunks), ``objectives``, ``units`` (sentencepiece), ``train``
-(the one trainer), ``stage`` (the nnet stage), ``hybrid`` and ``inference`` (decoding helpers), ``transcribe`` (wav files to text).
+``data`` (lazy features, buckets, chunks), ``objectives``, ``units`` (sentencepiece),
+``train`` (the one trainer), ``stage`` (the nnet stage), ``hybrid`` and ``inference``
+(decoding helpers), ``transcribe`` (wav files to text).
 """
 
 
