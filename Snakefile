@@ -2,12 +2,14 @@
 # Rules say what runs; profiles (cluster/) say where. Run the default experiment with
 #   snakemake --cores all
 # and another with --configfile config/experiments/<name>.yaml.
+from asrflow.config import ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS
 from asrflow.workflow import (
     dask_threads,
     ensemble_inputs,
     ensemble_systems,
     fmllr_inputs,
     gmm_decode_inputs,
+    gmm_inputs,
     launch_resources,
     network_systems,
     nnet_decode_inputs,

@@ -13,7 +13,7 @@ rule graph:
         directory(f"{RESULTS}/graph/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system="mono|tri",
+        system=system_pattern(GMM_SYSTEMS),
     log:
         f"{RESULTS}/logs/graph.{{train}}.{{system}}.log",
     benchmark:
@@ -41,8 +41,8 @@ rule graph_ctc:
         "asrflow graph --lang {input.lang} --ctc --out {output} > {log} 2>&1"
 
 
-# A GMM system (mono, tri), or one decoded with speaker-adapted features (mono_fmllr, tri_fmllr:
-# the test speakers' features after the fmllr rule's two passes, Kaldi's decode_fmllr.sh).
+# A GMM system (mono, tri), or one decoded with speaker-adapted features (mono_fmllr, tri_fmllr,
+# sat_fmllr: the test speakers' features after the fmllr rule's two passes, Kaldi's decode_fmllr.sh).
 rule decode:
     input:
         unpack(lambda wildcards: gmm_decode_inputs(config, wildcards.test, wildcards.system)),
@@ -50,7 +50,7 @@ rule decode:
         directory(f"{RESULTS}/decode/{{system}}/{{test}}"),
     wildcard_constraints:
         test="[^/]*test",
-        system="mono|tri|mono_fmllr|tri_fmllr",
+        system=system_pattern(GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS),
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "decode"),

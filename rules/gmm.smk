@@ -1,23 +1,19 @@
-# GMM-HMM training on Dask: flat-start monophone, then triphone from its alignments.
+# GMM-HMM training on Dask: flat-start monophone, triphone from its alignments, and the
+# speaker-adaptively trained triphone (sat) on the tri's fMLLR-adapted features.
 
 
 rule gmm:
     input:
-        data=f"{RESULTS}/data",
-        features=f"{RESULTS}/features/mfcc",
-        lang=f"{RESULTS}/lang/{{train}}",
-        mono=lambda wildcards: (
-            [f"{RESULTS}/gmm/{wildcards.train}/mono"] if wildcards.system == "tri" else []
-        ),
+        unpack(lambda wildcards: gmm_inputs(config, wildcards.train, wildcards.system)),
     output:
         directory(f"{RESULTS}/gmm/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system="mono|tri",
+        system=system_pattern(GMM_SYSTEMS),
     params:
         config=RESOLVED,
-        fingerprint=stage_fingerprint(config, "gmm"),
-        mono=lambda wildcards, input: f"--mono {input.mono[0]}" if input.mono else "",
+        fingerprint=lambda wildcards: stage_fingerprint(config, "gmm", system=wildcards.system),
+        source=lambda wildcards, input: optional_args(input, "source"),
     threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
@@ -30,7 +26,7 @@ rule gmm:
         "../envs/cpu.yaml"
     shell:
         "asrflow gmm --config {params.config} --system {wildcards.system} --train {wildcards.train}"
-        " --data {input.data} --features {input.features} --lang {input.lang} {params.mono}"
+        " --data {input.data} --features {input.features} --lang {input.lang} {params.source}"
         " --out {output} --workers {threads} > {log} 2>&1"
 
 
@@ -49,7 +45,7 @@ rule align:
         system="mono|tri",
     params:
         config=RESOLVED,
-        fingerprint=stage_fingerprint(config, "align"),
+        fingerprint=lambda wildcards: stage_fingerprint(config, "align", system=wildcards.system),
         split=lambda wildcards: perturbed_split(wildcards.train),
     threads: dask_threads(config, workflow.cores)
     resources:
@@ -70,7 +66,8 @@ rule align:
 # Speaker-adapted features (nnet.features or a network's features: fmllr): one fMLLR transform
 # per speaker of the training split (from its alignments), of its speed-perturbed copies, and
 # of its test splits (from first-pass hypotheses), written as a feature kind (Kaldi's
-# align_fmllr.sh / decode_fmllr.sh / make_fmllr_feats.sh).
+# align_fmllr.sh / decode_fmllr.sh / make_fmllr_feats.sh). For sat, every transform starts
+# from the tri's and is re-estimated against the sat model.
 rule fmllr:
     input:
         unpack(lambda wildcards: fmllr_inputs(config, wildcards.train, wildcards.system)),
@@ -78,11 +75,11 @@ rule fmllr:
         directory(f"{RESULTS}/fmllr/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system="mono|tri",
+        system=system_pattern(GMM_SYSTEMS),
     params:
         config=RESOLVED,
-        fingerprint=stage_fingerprint(config, "fmllr"),
-        optional=lambda wildcards, input: optional_args(input, "alignments"),
+        fingerprint=lambda wildcards: stage_fingerprint(config, "fmllr", system=wildcards.system),
+        optional=lambda wildcards, input: optional_args(input, "alignments", "init"),
     threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import ConfigError, load_config, write_resolved
+from asrflow.config import GMM_SYSTEMS, ConfigError, load_config, write_resolved
 
 EXIT_USAGE = 2
 
@@ -109,7 +109,7 @@ def cmd_gmm(args: argparse.Namespace) -> int:
     with stage_run(config, f"gmm-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         with dask_client(config["dask"], args.workers, log=_log) as client:
             manifest = train_system(config, args.system, args.train, args.data, args.features, args.lang,
-                                    args.out, client, run, mono_dir=args.mono, log=_log)
+                                    args.out, client, run, source_dir=args.source, log=_log)
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
         run.log_metrics({k: manifest[k] for k in ("pdfs", "gaussians", "parameters", "failed", "seconds")})
         for name in ("manifest.json", "report.tsv", "alignment.png"):
@@ -143,7 +143,8 @@ def cmd_fmllr(args: argparse.Namespace) -> int:
     with stage_run(config, f"fmllr-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         with dask_client(config["dask"], args.workers, log=_log) as client:
             manifest = adapt_splits(config, args.system, args.train, args.gmm, args.graph, args.data, args.features,
-                                    args.lang, args.out, client, align_dir=args.alignments, log=_log)
+                                    args.lang, args.out, client, align_dir=args.alignments, init_dir=args.init,
+                                    log=_log)
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
         for split, info in manifest["splits"].items():
             run.log_metrics({f"{split}.{k}": info[k] for k in ("adapted", "identity", "without_statistics")})
@@ -248,7 +249,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from asrflow.decode.stage import decode_split
     from asrflow.tracking import stage_run
 
-    from asrflow.config import ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS
+    from asrflow.config import ADAPTED_GMM_SYSTEMS
     from asrflow.decode.stage import decode_split_nnet
 
     config = _load(args)
@@ -419,13 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_lang)
 
-    p = with_config(sub.add_parser("gmm", help="train a GMM-HMM system (mono or tri) on Dask"))
-    p.add_argument("--system", required=True, choices=["mono", "tri"])
+    p = with_config(sub.add_parser("gmm", help="train a GMM-HMM system (mono, tri or sat) on Dask"))
+    p.add_argument("--system", required=True, choices=list(GMM_SYSTEMS))
     p.add_argument("--train", required=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--features", required=True, help="MFCC features folder")
+    p.add_argument("--features", required=True,
+                   help="MFCC features folder (sat: the fmllr stage's folder of the tri system)")
     p.add_argument("--lang", required=True)
-    p.add_argument("--mono", help="the mono system's folder (tri only)")
+    p.add_argument("--source", help="the folder of the system whose alignments start this one (tri: mono; sat: tri)")
     p.add_argument("--out", required=True)
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_gmm)
@@ -441,11 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_config(sub.add_parser("fmllr", help="speaker-adapted (fMLLR) features of a training split and its "
                                                  "test splits with a trained GMM system, on Dask"))
-    p.add_argument("--system", required=True, choices=["mono", "tri"])
+    p.add_argument("--system", required=True, choices=list(GMM_SYSTEMS))
     p.add_argument("--train", required=True)
     p.add_argument("--gmm", required=True, help="the GMM system's folder")
     p.add_argument("--graph", required=True, help="its HCLG folder (first decoding pass of the test speakers)")
     p.add_argument("--alignments", help="align folder of the speed-perturbed copies (adapted too when given)")
+    p.add_argument("--init", help="fmllr folder whose transforms each speaker starts from (sat: the tri's)")
     for name in ("data", "features", "lang", "out"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--workers", type=int, default=None)

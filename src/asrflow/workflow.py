@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import (ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS, ConfigError, model_features, model_train, resolve_config,
-                            section_fingerprint, write_resolved)
+from asrflow.config import (ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS, SAT_SOURCES, ConfigError, model_alignments,
+                            model_features, model_train, resolve_config, section_fingerprint, write_resolved)
 from asrflow.config.schema import reapply_replaced
 from asrflow.data.perturb import perturbed_split
 
@@ -30,9 +30,10 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
                  "features.low_freq", "features.high_freq", "features.snip_edges", "features.shard_utts",
                  "features.{kind}"),
     "lang": ("lang",),
-    "gmm": ("seed", "gmm"),
-    "align": ("gmm",),
-    "fmllr": ("gmm", "decode", "fmllr"),
+    # one system's section: adding or changing another system's does not retrain this one
+    "gmm": ("seed", "gmm.shard_utts", "gmm.{system}"),
+    "align": ("gmm.shard_utts", "gmm.{system}"),
+    "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode", "fmllr"),
     "decode": ("decode",),
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
              "nnet.models.{system}"),
@@ -97,6 +98,20 @@ def network_systems(config: dict[str, Any]) -> list[str]:
     return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS]
 
 
+def gmm_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """Inputs of training GMM ``system`` on ``train``: the MFCCs, or for a speaker-adaptively
+    trained system the fold's features adapted by its source GMM (rule fmllr); and the system
+    whose alignments start it (tri: mono; sat: tri)."""
+    root = results_dir(config)
+    inputs = {"data": f"{root}/data", "features": f"{root}/features/mfcc", "lang": f"{root}/lang/{train}"}
+    if system in SAT_SOURCES:
+        inputs["features"] = f"{root}/fmllr/{train}/{SAT_SOURCES[system]}"
+        inputs["source"] = f"{root}/gmm/{train}/{SAT_SOURCES[system]}"
+    elif system != "mono":
+        inputs["source"] = f"{root}/gmm/{train}/mono"
+    return inputs
+
+
 def gmm_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
     """Inputs of decoding ``test`` with GMM ``system``: its model and graph, and the MFCCs, or for
     ``<gmm>_fmllr`` the fold's speaker-adapted features (rule fmllr)."""
@@ -133,7 +148,7 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
     inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
     if model["objective"] == "hybrid":
-        ali = config["nnet"]["alignments"]
+        ali = model_alignments(config, system)
         inputs.update(gmm=f"{root}/gmm/{train}/{ali}", graph=f"{root}/graph/{train}/{ali}")
         if model["type"] != "ensemble" and model_train(config, system)["speed_perturb"]:
             inputs["alignments"] = f"{root}/align/{train}/{ali}"
@@ -144,21 +159,24 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
 
 def features_dir(config: dict[str, Any], train: str, system: str) -> str:
     """The features network ``system`` reads on ``train``: ``features/<kind>``, or for fmllr the
-    fold's adapted features, ``fmllr/<train>/<nnet.alignments>`` (rule fmllr)."""
+    fold's adapted features, ``fmllr/<train>/<its alignments' GMM>`` (rule fmllr)."""
     kind = model_features(config, system)
     if kind == "fmllr":
-        return f"{results_dir(config)}/fmllr/{train}/{config['nnet']['alignments']}"
+        return f"{results_dir(config)}/fmllr/{train}/{model_alignments(config, system)}"
     return f"{results_dir(config)}/features/{kind}"
 
 
 def fmllr_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of adapting ``train``'s speakers with GMM ``system``: its model and graph, and the
-    alignments of the speed-perturbed copies when a network reading fmllr features trains on them."""
+    """Inputs of adapting ``train``'s speakers with GMM ``system``: its model and graph; the
+    alignments of the speed-perturbed copies when a network reading fmllr features trains on them;
+    for a speaker-adaptively trained system, the transforms of its source system to start from."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": f"{root}/features/mfcc", "lang": f"{root}/lang/{train}",
               "gmm": f"{root}/gmm/{train}/{system}", "graph": f"{root}/graph/{train}/{system}"}
-    if any(model_features(config, n) == "fmllr" and model_train(config, n)["speed_perturb"]
-           for n in trained_networks(config)):
+    if system in SAT_SOURCES:  # its transforms start from those of the system it was trained on
+        inputs["init"] = f"{root}/fmllr/{train}/{SAT_SOURCES[system]}"
+    elif any(model_features(config, n) == "fmllr" and model_train(config, n)["speed_perturb"]
+             and model_alignments(config, n) == system for n in trained_networks(config)):
         inputs["alignments"] = f"{root}/align/{train}/{system}"
     return inputs
 

@@ -176,3 +176,36 @@ def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
                             audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]},
                             evaluation={"systems": ["tri", "dnn", "ens"]})
     assert fmllr_inputs(perturbed, "train", "tri")["alignments"] == f"{root}/align/train/tri"
+
+
+def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path) -> None:
+    """sat: a GMM trained on fmllr/<train>/tri from the tri alignments, adapted from the tri's transforms,
+    decoded as sat_fmllr; a network with alignments: sat trains on its targets and (fmllr) features."""
+    from asrflow.workflow import (fmllr_inputs, gmm_decode_inputs, gmm_inputs, nnet_inputs, results_dir,
+                                  stage_fingerprint)
+
+    models = {"dnn": {"type": "dnn", "features": "fmllr"}, "dnn_sat": {"type": "dnn", "features": "fmllr",
+                                                                       "alignments": "sat"}}
+    config = make_config(tmp_path, nnet={"models": models}, features={"kinds": ["mfcc", "fbank"]},
+                         evaluation={"systems": ["tri_fmllr", "sat_fmllr", "dnn", "dnn_sat"]})
+    root = results_dir(config)
+    assert gmm_inputs(config, "train", "mono") == {"data": f"{root}/data", "features": f"{root}/features/mfcc",
+                                                  "lang": f"{root}/lang/train"}
+    assert gmm_inputs(config, "train", "tri")["source"] == f"{root}/gmm/train/mono"
+    assert gmm_inputs(config, "train", "sat") == {"data": f"{root}/data", "features": f"{root}/fmllr/train/tri",
+                                                 "lang": f"{root}/lang/train", "source": f"{root}/gmm/train/tri"}
+    assert fmllr_inputs(config, "train", "sat")["init"] == f"{root}/fmllr/train/tri"
+    assert "init" not in fmllr_inputs(config, "train", "tri")
+    assert gmm_decode_inputs(config, "test", "sat_fmllr") == {
+        "data": f"{root}/data", "features": f"{root}/fmllr/train/sat", "lang": f"{root}/lang/train",
+        "model": f"{root}/gmm/train/sat", "graph": f"{root}/graph/train/sat"}
+    plain, sat = nnet_inputs(config, "train", "dnn"), nnet_inputs(config, "train", "dnn_sat")
+    assert (plain["gmm"], plain["features"]) == (f"{root}/gmm/train/tri", f"{root}/fmllr/train/tri")
+    assert (sat["gmm"], sat["graph"], sat["features"]) == (
+        f"{root}/gmm/train/sat", f"{root}/graph/train/sat", f"{root}/fmllr/train/sat")
+    # each GMM's fingerprint covers its own section only: configuring sat does not retrain tri
+    other = make_config(tmp_path, nnet={"models": models}, features={"kinds": ["mfcc", "fbank"]},
+                        gmm={"sat": {"leaves": 77}}, evaluation={"systems": ["tri_fmllr", "sat_fmllr"]})
+    for stage in ("gmm", "fmllr"):
+        assert stage_fingerprint(config, stage, system="tri") == stage_fingerprint(other, stage, system="tri")
+        assert stage_fingerprint(config, stage, system="sat") != stage_fingerprint(other, stage, system="sat")

@@ -55,8 +55,21 @@ def test_defaults_filled_deeply() -> None:
           "evaluation": {"systems": ["tri_fmllr"]}},
          "config key 'evaluation.systems': tri_fmllr adapts the GMM's MFCC features; add mfcc to features.kinds"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["tri_fmlr"]}},
-         "'tri_fmlr' is neither a GMM system (mono, tri, mono_fmllr, tri_fmllr) nor a network in nnet.models "
-         "(did you mean 'tri_fmllr'?)"),
+         "'tri_fmlr' is neither a GMM system (mono, tri, mono_fmllr, tri_fmllr, sat_fmllr) nor a network in "
+         "nnet.models (did you mean 'tri_fmllr'?)"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["sat"]}},
+         "config key 'evaluation.systems': sat is trained on speaker-adapted features and decodes them only: "
+         "evaluate sat_fmllr"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"speed_perturb": [0.9, 1.0, 1.1]},
+          "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat", "train": {"speed_perturb": True}}}},
+          "evaluation": {"systems": ["a"]}},
+         "config key 'nnet.models.a': speed_perturb needs alignments of the speed-perturbed copies, which asrflow "
+         "makes with mono or tri, not sat"),
+        ({"experiment": "x", "corpus": {"name": "yesno"},
+          "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat"}, "b": {"type": "dnn"},
+                              "e": {"type": "ensemble", "members": ["a", "b"]}}},
+          "evaluation": {"systems": ["e"]}},
+         "config key 'nnet.models.e.members': the members train on the alignments of different GMMs (a: sat, b: tri)"),
     ],
 )
 def test_errors_name_the_key(raw: dict, message: str) -> None:

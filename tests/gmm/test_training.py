@@ -20,10 +20,10 @@ from asrflow.gmm.shards import split_shards
 from asrflow.decode.stage import make_graph
 from asrflow.features.ark import read_scp, load
 from asrflow.gmm import fmllr
-from asrflow.gmm.adapt import adapt_splits
+from asrflow.gmm.adapt import adapt_splits, read_transforms
 from asrflow.gmm.estep import features
 from asrflow.gmm.stage import align_split, read_alignments, write_alignments
-from asrflow.gmm.train import train_mono
+from asrflow.gmm.train import train_mono, train_tri
 from asrflow.lang.stage import prepare_lang
 
 from ..conftest import make_config, write_wav
@@ -157,6 +157,45 @@ def test_fmllr_features_of_training_copies_and_test_speakers(yesno, dask_client_
     written = read_scp(out / "test" / "feats.scp")
     for utt, spk, x in list(zip(test.utts, test.speakers, features(test)))[:3]:
         np.testing.assert_allclose(load(written[utt]), fmllr.apply(trans[spk], x), atol=1e-3)
+
+
+def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source(yesno, dask_client_1,
+                                                                                 tmp_path) -> None:
+    """A GMM trained on fMLLR-adapted features (deltas already in them), with a tree from the source
+    system's alignments (train_sat.sh with the transforms fixed); its own transforms start from the
+    source's, so the written features are the raw features through (new estimate ∘ source transform)."""
+    config, shards, lang = yesno
+    root = lang.parent
+    config = {**config, "gmm": {**config["gmm"], "sat": {**config["gmm"]["sat"], "iterations": 4,
+                                                         "realign_iterations": [2], "leaves": 40,
+                                                         "gaussians": 200, "min_leaf_count": 20}}}
+    mono, _ = _train(config, shards, lang, dask_client_1)
+    mono.model.save(tmp_path / "mono")
+    write_alignments(tmp_path / "mono" / "ali", mono.model, mono.alignments, lang / "phones.txt")
+    make_graph(lang, tmp_path / "mono", tmp_path / "graph_mono", log=QUIET)
+    adapt_splits(config, "mono", "train", tmp_path / "mono", tmp_path / "graph_mono", root / "data", root / "mfcc",
+                 lang, tmp_path / "fmllr_mono", dask_client_1, log=QUIET)
+    adapted_shards = split_shards(root / "data", tmp_path / "fmllr_mono", lang, "train", 4, deltas=0)
+    assert features(adapted_shards[0])[0].shape[1] == 39  # adapted MFCC+Δ+ΔΔ, used as they are
+    sat = train_tri(config, adapted_shards, lang, mono.model, mono.alignments, dask_client_1, lambda *_: None, QUIET,
+                    system="sat")
+    assert len(sat.alignments) == 31 and sat.model.am.num_pdfs > mono.model.am.num_pdfs
+    sat.model.save(tmp_path / "sat")
+    write_alignments(tmp_path / "sat" / "ali", sat.model, sat.alignments, lang / "phones.txt")
+    make_graph(lang, tmp_path / "sat", tmp_path / "graph_sat", log=QUIET)
+    out = tmp_path / "fmllr_sat"
+    manifest = adapt_splits(config, "sat", "train", tmp_path / "sat", tmp_path / "graph_sat", root / "data",
+                            root / "mfcc", lang, out, dask_client_1, init_dir=tmp_path / "fmllr_mono", log=QUIET)
+    assert manifest["started_from"] == str(tmp_path / "fmllr_mono")
+    assert all(g > 0 for s in manifest["splits"].values() for g in s["gain_per_frame_by_pass"][:1])
+    for split in ("train", "test"):
+        start, final = (read_transforms(d / split / "trans.txt") for d in (tmp_path / "fmllr_mono", out))
+        assert set(start) == set(final) == {"global"}  # yesno: one speaker
+        assert not np.allclose(start["global"], final["global"], atol=1e-3)  # re-estimated against sat
+        raw = split_shards(root / "data", root / "mfcc", lang, split, 50)[0]
+        written = read_scp(out / split / "feats.scp")
+        utt, x = raw.utts[0], features(raw)[0]
+        np.testing.assert_allclose(load(written[utt]), fmllr.apply(final["global"], x), atol=1e-3)
 
 
 def test_alignment_spectrogram_matches_librosa(tmp_path) -> None:

@@ -3,8 +3,10 @@
 from asrflow.config.schema import (
     ADAPTED_GMM_SYSTEMS,
     GMM_SYSTEMS,
+    SAT_SOURCES,
     ConfigError,
     load_config,
+    model_alignments,
     model_features,
     model_train,
     resolve_config,
@@ -16,8 +18,10 @@ from asrflow.config.schema import (
 __all__ = [
     "ADAPTED_GMM_SYSTEMS",
     "GMM_SYSTEMS",
+    "SAT_SOURCES",
     "ConfigError",
     "load_config",
+    "model_alignments",
     "model_features",
     "model_train",
     "resolve_config",

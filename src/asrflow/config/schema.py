@@ -152,24 +152,32 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
     return config
 
 
-GMM_SYSTEMS = ("mono", "tri")
+#: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; sat: speaker-adaptively trained)
+GMM_SYSTEMS = ("mono", "tri", "sat")
 #: GMM systems decoded with speaker-adapted features (rule fmllr; Kaldi's decode_fmllr.sh)
 ADAPTED_GMM_SYSTEMS = tuple(f"{g}_fmllr" for g in GMM_SYSTEMS)
+#: Systems trained on another system's fMLLR-adapted features, and that system (Kaldi's train_sat.sh);
+#: they only make sense decoded with adapted features, as <system>_fmllr
+SAT_SOURCES = {"sat": "tri"}
 
 
 def _check_systems(config: dict[str, Any]) -> None:
     """Every evaluated system exists; networks get their type's size defaults filled in."""
     models = config["nnet"]["models"]
+    evaluated_gmms = [g for g in GMM_SYSTEMS if g not in SAT_SOURCES]
     for system in config["evaluation"]["systems"]:
+        if system in SAT_SOURCES:
+            raise ConfigError(f"config key 'evaluation.systems': {system} is trained on speaker-adapted features "
+                              f"and decodes them only: evaluate {system}_fmllr")
         if system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS:
             if system in ADAPTED_GMM_SYSTEMS and "mfcc" not in config["features"]["kinds"]:
                 raise ConfigError(f"config key 'evaluation.systems': {system} adapts the GMM's MFCC features; "
                                   f"add mfcc to features.kinds")
             continue
         if system not in models:
-            hint = difflib.get_close_matches(system, [*GMM_SYSTEMS, *ADAPTED_GMM_SYSTEMS, *models], n=1)
-            raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system (mono, tri, "
-                              f"mono_fmllr, tri_fmllr) nor "
+            hint = difflib.get_close_matches(system, [*evaluated_gmms, *ADAPTED_GMM_SYSTEMS, *models], n=1)
+            raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system "
+                              f"({', '.join([*evaluated_gmms, *ADAPTED_GMM_SYSTEMS])}) nor "
                               f"a network in nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                               + f"; networks defined: {', '.join(models) or 'none'}")
     for name, model in models.items():
@@ -215,6 +223,16 @@ def model_features(config: Mapping[str, Any], system: str) -> str:
     return model.get("features", config["nnet"]["features"])
 
 
+def model_alignments(config: Mapping[str, Any], system: str) -> str:
+    """The GMM system whose alignments, tree and graph hybrid network ``system`` uses (and whose
+    fMLLR features it reads): its own ``alignments``, else ``nnet.alignments`` (an ensemble: its
+    first member's, which all members share)."""
+    model = config["nnet"]["models"][system]
+    if model["type"] == "ensemble" and model.get("members"):
+        return model_alignments(config, model["members"][0])
+    return model.get("alignments", config["nnet"]["alignments"])
+
+
 def _check_features(config: Mapping[str, Any], name: str) -> None:
     """The kind a network reads is extracted (fmllr: the GMM's MFCCs are); an ensemble's members read one kind."""
     model = config["nnet"]["models"][name]
@@ -245,9 +263,20 @@ def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:
             raise ConfigError(f"config key 'nnet.models.{name}.members': {', '.join(perturbed)} train with "
                               f"speed_perturb and the others without; an ensemble's members share one set of "
                               f"alignments and priors")
+        members = [m for m in model.get("members", []) if m in config["nnet"]["models"]]
+        used = {m: model_alignments(config, m) for m in members}
+        if len(set(used.values())) > 1:
+            raise ConfigError(f"config key 'nnet.models.{name}.members': the members train on the alignments of "
+                              f"different GMMs ({', '.join(f'{m}: {a}' for m, a in used.items())}); an ensemble's "
+                              f"members share one tree")
     elif model_train(config, name)["speed_perturb"] and not set(config["audio"]["speed_perturb"]) - {1.0}:
         raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb is on but audio.speed_perturb "
                           f"has no factor other than 1.0 (e.g. [0.9, 1.0, 1.1])")
+    elif (model_train(config, name)["speed_perturb"] and model["objective"] == "hybrid"
+          and model_alignments(config, name) in SAT_SOURCES):
+        raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb needs alignments of the "
+                          f"speed-perturbed copies, which asrflow makes with mono or tri, not "
+                          f"{model_alignments(config, name)} (its alignments)")
 
 
 def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ of the GMM's features (CMVN, then Δ+ΔΔ). Training speakers: from their forced
 Test speakers, unsupervised: a first decoding pass with the speaker-independent system, its
 1-best hypotheses force-aligned, a transform estimated; ``passes`` > 1 decodes again with the
 adapted features and refines the transform. Silence frames count ``silence_weight`` times.
-Speakers with too few frames keep the identity, and are listed in the report.
+Speakers with too few frames keep the identity, and are listed in the report. For a
+speaker-adaptively trained system (``sat``) every transform starts from the one its source
+system (``tri``) estimated, and the new estimate against the sat model is composed on top.
 
 Output folder (``results/<exp>/fmllr/<train>/<system>/``), a feature kind networks can read
 (``nnet.features: fmllr``)::
@@ -153,12 +155,30 @@ def write_split(folder: Path, items: list[tuple[str, np.ndarray]], utt2spk: dict
                                              for s in speakers if s in transforms])
 
 
+def read_transforms(path: Path) -> dict[str, np.ndarray]:
+    """A ``trans.txt`` written by :func:`write_split`: speaker → its transform [A b]."""
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        spk, *values = line.split()
+        row = np.asarray(values, dtype=np.float64)
+        dim = int((np.sqrt(1 + 4 * row.size) - 1) / 2)  # dim × (dim + 1) values
+        if dim * (dim + 1) != row.size:
+            raise ValueError(f"{path}: speaker {spk} has {row.size} values, not a d × (d + 1) transform")
+        out[spk] = row.reshape(dim, dim + 1)
+    return out
+
+
 def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str | Path, graph_dir: str | Path,
                  data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, out_dir: str | Path,
-                 client: Any, align_dir: str | Path | None = None,
+                 client: Any, align_dir: str | Path | None = None, init_dir: str | Path | None = None,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Write the adapted features of ``train``, its speed-perturbed copies (when ``align_dir``
-    holds their alignments) and its test splits into ``out_dir``; returns the manifest."""
+    holds their alignments) and its test splits into ``out_dir``; returns the manifest.
+
+    ``init_dir``: another fmllr stage's output whose transforms every speaker starts from (for a
+    speaker-adaptively trained system, those of the system it was trained on: its first decoding
+    pass then sees the features it was trained on); the new estimate is composed on top.
+    """
     start = time.perf_counter()
     out, data_dir = Path(out_dir), Path(data_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,7 +201,8 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str |
         shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"])
         items = [(s, None if alignments is None else {u: alignments[u] for u in s.utts if u in alignments})
                  for s in shards]
-        transforms: dict[str, np.ndarray] = {}
+        start_from = Path(init_dir) / split / "trans.txt" if init_dir is not None else None
+        transforms = read_transforms(start_from) if start_from is not None and start_from.is_file() else {}
         identity: dict[str, str] = {}
         passes = 1 if alignments is not None else cfg["passes"]
         gains, failed = [], []
@@ -197,7 +218,8 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str |
                                desc=f"fmllr-{split}-write", retries=config["dask"]["retries"])
         utt2spk = {u: s for sh in shards for u, s in zip(sh.utts, sh.speakers)}
         write_split(out / split, [m for part in matrices for m in part], utt2spk, transforms)
-        report += [(split, "speaker", spk, f"kept the identity: {why}") for spk, why in sorted(identity.items())]
+        kept = "its starting transform" if init_dir is not None else "the identity"
+        report += [(split, "speaker", spk, f"kept {kept}: {why}") for spk, why in sorted(identity.items())]
         report += [(split, "utterance", utt, f"no statistics: {why}") for utt, why in sorted(failed)]
         summary[split] = {"supervised": alignments is not None, "utterances": len(utt2spk),
                           "speakers": len(set(utt2spk.values())), "adapted": len(transforms),
@@ -207,6 +229,7 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str |
             f"objective gain per frame {gains}, {len(failed)} utterances without statistics")
     write_text_atomic(out / "report.tsv", ["split\tkind\tid\treason"] + ["\t".join(r) for r in report])
     manifest = {"system": system, "train": train, "splits": summary, "passes": cfg["passes"],
+                "started_from": str(init_dir) if init_dir is not None else None,
                 "dim": model.am.dim, "seconds": round(time.perf_counter() - start, 3)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -211,7 +211,7 @@ def moments(shard: Shard) -> tuple[float, np.ndarray, np.ndarray]:
 
 
 def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray]):
-    """``acc-tree-stats`` for a shard, from monophone alignments."""
+    """``acc-tree-stats`` for a shard, from a system's alignments (each frame's phone and HMM state)."""
     from asrflow.gmm.tree import TreeStats, accumulate_tree_stats
 
     model = GmmModel.from_bytes(model_blob)

@@ -1,4 +1,4 @@
-"""The gmm stage: train one system (``mono`` or ``tri``) on a training split and write it out.
+"""The gmm stage: train one system (``mono``, ``tri`` or ``sat``) on a training split and write it out.
 
 Output folder (``results/<exp>/gmm/<train split>/<system>/``)::
 
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
+from asrflow.config import SAT_SOURCES
 from asrflow.data.datadir import read_data_dir
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.model import GmmModel
@@ -144,12 +145,18 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
 
 
 def train_system(config: dict[str, Any], system: str, train: str, data_dir: str | Path, feats_dir: str | Path,
-                 lang_dir: str | Path, out_dir: str | Path, client: Any, run: Any, mono_dir: str | Path | None = None,
-                 log=print) -> dict[str, Any]:
-    """Train ``system`` on split ``train`` and write the output folder; returns the manifest."""
+                 lang_dir: str | Path, out_dir: str | Path, client: Any, run: Any,
+                 source_dir: str | Path | None = None, log=print) -> dict[str, Any]:
+    """Train ``system`` on split ``train`` and write the output folder; returns the manifest.
+
+    ``feats_dir``: the MFCCs (CMVN and Δ+ΔΔ applied here), or for a speaker-adaptively trained
+    system (:data:`~asrflow.config.SAT_SOURCES`) the fmllr stage's adapted features, used as they
+    are. ``source_dir``: the system whose alignments build the tree (tri: mono; sat: tri).
+    """
     out, lang_dir = Path(out_dir), Path(lang_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shards = split_shards(data_dir, feats_dir, lang_dir, train, config["gmm"]["shard_utts"])
+    shards = split_shards(data_dir, feats_dir, lang_dir, train, config["gmm"]["shard_utts"],
+                          deltas=0 if system in SAT_SOURCES else 2)
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         run.log_metrics({f"{system}.{k}": v for k, v in metrics.items()}, step=step)
@@ -157,11 +164,11 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     if system == "mono":
         result: TrainResult = train_mono(config, shards, lang_dir, client, on_metrics, log)
     else:
-        if mono_dir is None:
-            raise ValueError("the tri system needs the mono system's folder")
-        mono = GmmModel.load(mono_dir)
-        mono_ali = read_alignments(Path(mono_dir) / "ali" / "transition_ids.txt")
-        result = train_tri(config, shards, lang_dir, mono, mono_ali, client, on_metrics, log)
+        if source_dir is None:
+            raise ValueError(f"the {system} system needs the folder of the system whose alignments start it")
+        source = GmmModel.load(source_dir)
+        source_ali = read_alignments(Path(source_dir) / "ali" / "transition_ids.txt")
+        result = train_tri(config, shards, lang_dir, source, source_ali, client, on_metrics, log, system=system)
     result.model.save(out)
     write_alignments(out / "ali", result.model, result.alignments, lang_dir / "phones.txt")
     write_report(out / "report.tsv", result.failed)

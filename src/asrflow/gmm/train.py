@@ -1,5 +1,6 @@
 """GMM-HMM training drivers: flat-start monophone (``train_mono.sh``) and triphone with
-decision-tree state tying (``train_deltas.sh``). E-steps run on Dask; M-steps on the driver.
+decision-tree state tying (``train_deltas.sh``; on adapted features, ``train_sat.sh``).
+E-steps run on Dask; M-steps on the driver.
 """
 
 from __future__ import annotations
@@ -111,16 +112,19 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
                        time.perf_counter() - start, cfg["iterations"])
 
 
-def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, mono: GmmModel,
-              mono_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
-              log: Callable[[str], None] = print) -> TrainResult:
-    """Triphone training on Δ+ΔΔ features with a decision tree built from monophone alignments."""
+def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, source: GmmModel,
+              source_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
+              log: Callable[[str], None] = print, system: str = "tri") -> TrainResult:
+    """Triphone training with a decision tree built from another system's alignments, on the
+    shards' features: ``tri`` on Δ+ΔΔ MFCCs from the monophone's (``train_deltas.sh``), ``sat``
+    on the tri's fMLLR-adapted features from the tri's (``train_sat.sh`` with the transforms
+    fixed). ``config["gmm"][system]`` holds the sizes and iterations."""
     start = time.perf_counter()
-    cfg = config["gmm"]["tri"]
+    cfg = config["gmm"][system]
     retries = config["dask"]["retries"]
     lang_dir = Path(lang_dir)
-    blob = broadcast(client, mono.to_bytes())
-    per_shard = [{u: mono_alignments[u] for u in s.utts if u in mono_alignments} for s in shards]
+    blob = broadcast(client, source.to_bytes())
+    per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in shards]
     parts = run_sharded(client, _tree_stats_args, list(zip(shards, per_shard)), blob, desc="tree-stats",
                         retries=retries)
     stats = TreeStats.merge([p for p in parts if p is not None])
@@ -128,12 +132,12 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
     nonsilence = [int(x) for x in (lang_dir / "nonsilence.int").read_text().split()]
     phones = sorted(silence + nonsilence)
     questions = phone_questions(stats, phones, extra=[silence, nonsilence])
-    max_classes = max(n for n in mono.topo.get_phone_to_num_pdf_classes() if n > 0)
+    max_classes = max(n for n in source.topo.get_phone_to_num_pdf_classes() if n > 0)
     result = build_tree(stats, [[p] for p in phones], max(phones) + 1, questions, max_classes,
                         max_leaves=cfg["leaves"], thresh=cfg["tree_thresh"], min_leaf_count=cfg["min_leaf_count"])
     tree = tree_from_bytes(context_dependency_bytes(result.root))
-    model = init_from_tree(mono.topo, tree, result.pdf_count, result.pdf_sum, result.pdf_sumsq)
-    log(f"tri: tree with {result.num_pdfs} leaves ({result.splits} splits, likelihood gain "
+    model = init_from_tree(source.topo, tree, result.pdf_count, result.pdf_sum, result.pdf_sumsq)
+    log(f"{system}: tree with {result.num_pdfs} leaves ({result.splits} splits, likelihood gain "
         f"{result.objf_gain / max(stats.count.sum(), 1):.3f}/frame), {len(questions)} questions")
     rng = np.random.default_rng(config["seed"] + 1)
     numgauss = model.am.num_gauss

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrflow.config import model_features, model_train
+from asrflow.config import model_alignments, model_features, model_train
 from asrflow.data.datadir import read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
@@ -180,8 +180,10 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
                          f"(see {out / 'report.tsv'})")
     (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
     features = model_features(config, system)
+    alignments = model_alignments(config, system) if objective == "hybrid" else None  # the GMM of the targets
     run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
-                    "nnet.effective.train_data": train_set.split, "nnet.effective.features": features})
+                    "nnet.effective.train_data": train_set.split, "nnet.effective.features": features,
+                    "nnet.effective.alignments": alignments or "none"})
     pending: list[tuple[int, dict]] = []
 
     def log_metrics(step: int, metrics: dict) -> None:
@@ -197,7 +199,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
-                "features": features,
+                "features": features, "alignments": alignments,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

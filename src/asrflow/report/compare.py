@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from asrflow.data.perturb import SUFFIX as SPEED_PERTURBED
 from asrflow.tracking.query import RunRecord
 
-GMM_SETTINGS = {"mono": ("gmm.mono.", ("gaussians",)), "tri": ("gmm.tri.", ("leaves", "gaussians")),
-                "mono_fmllr": ("gmm.mono.", ("gaussians",)), "tri_fmllr": ("gmm.tri.", ("leaves", "gaussians"))}
+#: the gmm.<system> settings shown for a GMM system (and its <system>_fmllr decoding)
+GMM_SIZES = {"mono": ("gaussians",), "tri": ("leaves", "gaussians"), "sat": ("leaves", "gaussians")}
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
               "subsampling", "units", "vocab_size", "members", "combine")
@@ -39,15 +39,16 @@ class SystemRow:
 
     @property
     def is_network(self) -> bool:
-        return self.system not in GMM_SETTINGS
+        return self.system.removesuffix("_fmllr") not in GMM_SIZES
 
 
 def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     """``model``, ``objective`` and the size settings of a system, from its training run's params."""
-    if system in GMM_SETTINGS:
-        prefix, keys = GMM_SETTINGS[system]
-        gmm = system.removesuffix("_fmllr")
-        return {"model": f"gmm-hmm ({gmm})", "objective": "ML" + (", fMLLR features" if gmm != system else ""),
+    gmm = system.removesuffix("_fmllr")
+    if gmm in GMM_SIZES:
+        prefix, keys = f"gmm.{gmm}.", GMM_SIZES[gmm]
+        objective = "ML, speaker-adaptive training" if gmm == "sat" else "ML"
+        return {"model": f"gmm-hmm ({gmm})", "objective": objective + (", fMLLR features" if gmm != system else ""),
                 "sizes": ", ".join(f"{k}={params[prefix + k]}" for k in keys if prefix + k in params)}
     prefix = f"nnet.models.{system}."
     objective = params.get(f"{prefix}objective", "hybrid")
@@ -56,8 +57,11 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
+    sat = params.get("nnet.effective.alignments") == "sat"
     if params.get("nnet.effective.features") == "fmllr":
-        objective += ", fMLLR features"
+        objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
+    elif sat:
+        objective += ", SAT alignments"
     return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes),
             "parallel": _parallel(params)}
 
