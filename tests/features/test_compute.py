@@ -69,6 +69,22 @@ def test_batch_equals_one_by_one_and_dither_is_seeded() -> None:
     assert not np.array_equal(other_seed, single[0])
 
 
+def test_features_do_not_depend_on_the_blas_thread_count(mirror) -> None:
+    """Snakemake sets OPENBLAS_NUM_THREADS to a job's threads; a 2-thread GEMM rounded yesno's
+    silence frames differently (log-mel up to 1.2e-3 apart). compute_batch pins BLAS to one thread."""
+    from threadpoolctl import threadpool_limits
+
+    wavs = sorted((mirror / "yesno" / "waves_yesno").glob("0_*.wav"))[:16]
+    signals = [read_audio(str(w))[0].astype(np.float32) * 32768 for w in wavs]
+    opts = FeatureOptions(kind="fbank", sample_rate=8000, num_mel_bins=40, dither=0.0)
+    results = []
+    for threads in (1, 2):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            results.append(compute_batch(signals, opts))
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one, two)
+
+
 def test_dither_noise_is_gaussian_and_keyed() -> None:
     a, b = dither_noise("utt-a", 50000, 0), dither_noise("utt-b", 50000, 0)
     assert abs(float(a.mean())) < 0.02 and abs(float(a.std()) - 1) < 0.02

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 EPS = float(np.finfo(np.float32).eps)
 BLOCK_FRAMES = 8192
@@ -232,6 +233,17 @@ def compute_batch(
     """
     if opts.dither and keys is None:
         raise ValueError("dither needs one key (utterance id) per signal")
+    # One BLAS thread: a multi-threaded GEMM splits the frames differently and rounds silence
+    # frames' power spectra differently (log-mel up to 1e-3 apart with 2 threads), so features
+    # would depend on the job's thread count (Snakemake sets OPENBLAS_NUM_THREADS = threads).
+    # Parallelism comes from the Dask workers, one thread each.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _compute_blocks(signals, opts, keys, seed)
+
+
+def _compute_blocks(signals: list[np.ndarray], opts: FeatureOptions, keys: list[str] | None,
+                    seed: int) -> list[np.ndarray]:
+    """:func:`compute_batch` in blocks of about ``BLOCK_FRAMES`` frames, one GEMM pass each."""
     counts = [num_frames(s.size, opts) for s in signals]
     out: list[np.ndarray] = []
     start = 0
