@@ -273,10 +273,9 @@ def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:
         raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb is on but audio.speed_perturb "
                           f"has no factor other than 1.0 (e.g. [0.9, 1.0, 1.1])")
     elif (model_train(config, name)["speed_perturb"] and model["objective"] == "hybrid"
-          and model_alignments(config, name) in SAT_SOURCES):
+          and (gmm := model_alignments(config, name)) in SAT_SOURCES):
         raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb needs alignments of the "
-                          f"speed-perturbed copies, which asrflow makes with mono or tri, not "
-                          f"{model_alignments(config, name)} (its alignments)")
+                          f"speed-perturbed copies, which asrflow makes with mono or tri, not {gmm} (its alignments)")
 
 
 def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:

@@ -32,16 +32,19 @@ def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:
                          f"{', '.join(SIZES[kind])}")
     if config.get("objective", "hybrid") == "hybrid" and config.get("subsampling", 1) != 1:
         raise ValueError("subsampling must be 1 for a hybrid model (its frame targets are not subsampled)")
-    out = dict(config)
-    for name, default in SIZES[kind].items():
-        out.setdefault(name, list(default) if isinstance(default, list) else default)
-    return out
+    return _with_default_sizes(config, kind)
 
 
 def network_config(config: dict[str, Any]) -> dict[str, Any]:
     """The type and sizes (what :func:`asrflow.nnet.models.build_model` takes) of a network config,
     with the type's defaults for sizes it leaves out."""
-    out = {k: v for k, v in config.items() if k == "type" or k not in NON_SIZE_KEYS}
-    for name, default in SIZES.get(out.get("type"), {}).items():
-        out.setdefault(name, default)
+    sizes = {k: v for k, v in config.items() if k == "type" or k not in NON_SIZE_KEYS}
+    return _with_default_sizes(sizes, sizes.get("type"))
+
+
+def _with_default_sizes(config: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """A copy of ``config`` with ``kind``'s default sizes for those it lacks (lists copied, never shared)."""
+    out = dict(config)
+    for name, default in SIZES.get(kind, {}).items():
+        out.setdefault(name, list(default) if isinstance(default, list) else default)
     return out

@@ -13,6 +13,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
+from asrflow.config import SAT_SOURCES
 from asrflow.data.perturb import SUFFIX as SPEED_PERTURBED
 from asrflow.tracking.query import RunRecord
 
@@ -47,7 +48,7 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     gmm = system.removesuffix("_fmllr")
     if gmm in GMM_SIZES:
         prefix, keys = f"gmm.{gmm}.", GMM_SIZES[gmm]
-        objective = "ML, speaker-adaptive training" if gmm == "sat" else "ML"
+        objective = "ML, speaker-adaptive training" if gmm in SAT_SOURCES else "ML"
         return {"model": f"gmm-hmm ({gmm})", "objective": objective + (", fMLLR features" if gmm != system else ""),
                 "sizes": ", ".join(f"{k}={params[prefix + k]}" for k in keys if prefix + k in params)}
     prefix = f"nnet.models.{system}."
@@ -57,7 +58,7 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
-    sat = params.get("nnet.effective.alignments") == "sat"
+    sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
     elif sat:
