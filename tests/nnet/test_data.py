@@ -55,6 +55,21 @@ def test_buckets_are_deterministic_per_epoch_and_split_across_ranks() -> None:
     assert len({len(b) for b in per_rank}) == 1 == len({len(s) for s in ranks})  # same steps on every rank
     covered = [i for batches in per_rank for b in batches for i in b]
     assert len(covered) == len(set(covered)) and len(covered) >= 100 - max(len(b) for b in first) * 2
+    assert per_rank[0] == [[int(i) for i in b] for b in ranks[0].epoch_batches()]
+
+
+def test_ranks_batches_are_balanced_step_by_step() -> None:
+    """At every step the ranks' batches are neighbours by padded size, so nobody waits at the exchange."""
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(20, 900, size=400).tolist()  # long utterances make batches of uneven cost
+    ranks = [BucketBatchSampler(lengths, 2000, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    sizes = sorted(ranks[0].padded(b) for b in ranks[0].batches)
+    assert sizes[-1] - sizes[0] > 500  # the batches do differ
+    per_rank = [[r.padded(b) for b in r.epoch_batches()] for r in ranks]
+    gaps = [abs(a - b) for a, b in zip(*per_rank)]
+    neighbours = max(b - a for a, b in zip(sizes, sizes[1:]))
+    assert max(gaps) <= max(neighbours, 1) * 2 and sum(gaps) < 0.05 * sum(per_rank[0])
+    assert per_rank[0] != sorted(per_rank[0])  # the steps are still in random order
 
 
 def test_collate_pads_targets_with_ignore_index() -> None:

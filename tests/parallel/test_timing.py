@@ -32,6 +32,43 @@ def test_blocking_exchanges_pay_the_wire_every_step_and_asgd_saturates_at_the_se
         predict_speedup("gossip", 2, times)
 
 
+@pytest.mark.parametrize("pairing", ["before", "concurrent"])
+def test_bench_pairs_each_parallel_run_with_a_single_learner(pairing: str, tmp_path, monkeypatch) -> None:
+    """``before``: the single learner runs first (the first pair reuses the opening run); ``concurrent``: at the
+    same time as the parallel run. Every run gets its own numbered trace."""
+    import threading
+    import time
+
+    import asrflow.parallel.bench as bench
+
+    calls, running, overlaps = [], [], []
+    lock = threading.Lock()
+
+    def fake_run(config_files, system, paths, parallel, epochs, threads, timeout=3600, trace=None):
+        with lock:
+            calls.append((parallel["learners"], trace.name))
+            overlaps.append(len(running))
+            running.append(parallel["learners"])
+        time.sleep(0.05)
+        with lock:
+            running.remove(parallel["learners"])
+        n = parallel["learners"]
+        return [_summary(40.0 if n == 1 else 21.0, 0.2, 0.001, 0.006, 2e6)] * n
+
+    monkeypatch.setattr(bench, "run_learners", fake_run)
+    logged: list[str] = []
+    first, rows = bench.bench_parallel(["c.yaml"], "dnn", {}, [{"strategy": "ring", "batch": "learner"}], [1, 2],
+                                       epochs=1, repeats=3, log=logged.append, trace_dir=tmp_path, pairing=pairing)
+    singles = sum(1 for n, _ in calls if n == 1)
+    assert singles == (4 if pairing == "concurrent" else 3)  # the opening run, then one per pair (the first reused)
+    assert (max(overlaps) == 1) == (pairing == "concurrent")
+    assert len({name for _, name in calls}) == len(calls) and all(name[:3].isdigit() for _, name in calls)
+    assert rows[0]["measured_speedups"] == [pytest.approx(40 / 21, abs=1e-3)] * 3 and rows[0]["pairing"] == pairing
+    assert sum(f"({pairing})" in line for line in logged) == 3
+    with pytest.raises(ValueError, match="pairing"):
+        bench.bench_parallel(["c.yaml"], "dnn", {}, [], [1], epochs=1, pairing="after")
+
+
 def test_step_times_round_trip_through_their_dict() -> None:
     times = StepTimes(calc=1, transmit=2, merge=3, wait=4, data=5, bytes=6)
     assert StepTimes.from_dict(times.as_dict()) == times

@@ -3,9 +3,11 @@
 Features are read utterance by utterance from the ark files through their scp offsets,
 so the corpus is never loaded into memory. Batches hold utterances of similar length up
 to a frame budget; their order is shuffled with ``seed + epoch``, so every epoch is
-reproducible and a resumed run sees the same batches. With ``world_size`` > 1 each rank
-takes every ``world_size``-th batch; the order is cut to a multiple of ``world_size`` so
-every rank runs the same number of steps (synchronous all-reduce needs that).
+reproducible and a resumed run sees the same batches. With ``world_size`` > 1 the order is
+cut to a multiple of ``world_size`` so every rank runs the same number of steps (synchronous
+all-reduce needs that), and the ranks' batches are balanced step by step: the ``world_size``
+batches of one step are of about the same padded size, so no learner waits at an exchange
+for another that drew a larger batch.
 """
 
 from __future__ import annotations
@@ -127,12 +129,26 @@ class BucketBatchSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def padded(self, batch: list[int]) -> int:
+        """Frames a batch costs once padded to its longest utterance."""
+        return len(batch) * max(self.lengths[i] for i in batch)
+
     def epoch_batches(self) -> list[list[int]]:
-        """This rank's batches for the current epoch, in a seed- and epoch-determined order."""
+        """This rank's batches for the current epoch, in a seed- and epoch-determined order.
+
+        With several ranks, the epoch's batches (a random multiple of ``world_size`` of them)
+        are sorted by padded size and dealt out in groups of ``world_size`` neighbours, one to
+        each rank, the groups in random order: at every step the ranks' batches cost about
+        the same, so the learners of a synchronous or ring exchange reach it together.
+        """
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.batches))
-        usable = len(order) - len(order) % self.world_size if self.world_size > 1 else len(order)
-        mine = [self.batches[i] for i in order[:usable]][self.rank :: self.world_size]
+        if self.world_size == 1:
+            return [list(rng.permutation(self.batches[i])) for i in order]
+        usable = sorted(order[:len(order) - len(order) % self.world_size],
+                        key=lambda i: (self.padded(self.batches[i]), i))
+        groups = [usable[g:g + self.world_size] for g in range(0, len(usable), self.world_size)]
+        mine = [self.batches[groups[g][self.rank]] for g in rng.permutation(len(groups))]
         return [list(rng.permutation(b)) for b in mine]
 
     def __iter__(self) -> Iterator[list[int]]:

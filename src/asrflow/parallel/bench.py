@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,15 +35,19 @@ def _free_port() -> int:
 
 
 def run_learners(config_files: list[str], system: str, paths: dict[str, str], parallel: dict[str, Any],
-                 epochs: int, threads: int, timeout: float = 3600) -> list[dict[str, Any]]:
-    """Train ``system`` with ``parallel['learners']`` processes; every learner's training summary."""
+                 epochs: int, threads: int, timeout: float = 3600, trace: str | Path | None = None) -> list[dict[str, Any]]:
+    """Train ``system`` with ``parallel['learners']`` processes; every learner's training summary.
+
+    With ``trace`` every learner writes its per-step metrics (the step's times, loss, learning
+    rate, seconds since training began) to ``<trace>.rank<r>.jsonl``.
+    """
     with tempfile.TemporaryDirectory(prefix="asrflow-bench-") as tmp:
         summary = Path(tmp) / "summary.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(parallel["learners"]),
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "asrflow.parallel.bench",
                "--config", *config_files, "--system", system, "--parallel", json.dumps(parallel),
                "--epochs", str(epochs), "--threads", str(threads), "--summary", str(summary), "--state", tmp,
-               *[f"--{k}={v}" for k, v in paths.items() if v]]
+               *[f"--{k}={v}" for k, v in paths.items() if v], *(["--trace", str(trace)] if trace else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "OMP_NUM_THREADS": str(threads)})
         if proc.returncode != 0:
@@ -95,18 +101,43 @@ def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str
 
 def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], variants: list[dict[str, Any]],
                    learners: list[int], epochs: int, threads: int = 1, repeats: int = 1,
-                   log: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                   log: Callable[[str], None] = print, trace_dir: str | Path | None = None,
+                   pairing: str = "before") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The single-learner baseline summary and one row per (variant, learner count > 1).
 
     The machine may be shared and its speed drift over minutes, so every parallel run is
-    paired with a single-learner run just before it, and the speedup is the median over
-    ``repeats`` pairs of (baseline time / parallel time), the lower middle one for an even
-    count; the step times are those of the median pair.
+    paired with a single-learner run, and the speedup is the median over ``repeats`` pairs
+    of (baseline time / parallel time), the lower middle one for an even count; the step
+    times are those of the median pair. ``pairing`` says when the pair's single learner
+    runs: ``before`` the parallel run, or ``concurrent`` with it, on other cores, so both
+    see the same drift of the machine (only where cores are spare: a learner per core and
+    one more). With ``trace_dir`` every run's learners write their per-step times there
+    (``<run>.rank<r>.jsonl``, runs numbered in order).
     """
+    if pairing not in ("before", "concurrent"):
+        raise ValueError(f"pairing must be before or concurrent, not {pairing!r}")
+    runs = iter(range(10 ** 6))
+
+    def trace(name: str) -> Path | None:
+        return Path(trace_dir) / f"{next(runs):03d}-{name}" if trace_dir else None
 
     def single() -> dict[str, Any]:
-        return run_learners(config_files, system, paths, {"strategy": "allreduce", "learners": 1}, epochs, threads)[0]
+        return run_learners(config_files, system, paths, {"strategy": "allreduce", "learners": 1}, epochs, threads,
+                            trace=trace("single"))[0]
 
+    def pair(parallel: dict[str, Any], fresh_baseline: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        name = "-".join(str(parallel[k]) for k in ("strategy", "learners", "compression", "k") if k in parallel)
+        if pairing == "concurrent":
+            with ThreadPoolExecutor(2) as pool:
+                baseline = pool.submit(single)
+                summaries = pool.submit(run_learners, config_files, system, paths, parallel, epochs, threads,
+                                        trace=trace(name))
+                return baseline.result(), summaries.result()
+        baseline = single() if fresh_baseline else first
+        return baseline, run_learners(config_files, system, paths, parallel, epochs, threads, trace=trace(name))
+
+    if trace_dir:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
     first = single()
     log(f"1 learner: {first['train_seconds']:.1f} s, held-out frame accuracy {first.get('best_valid_frame_accuracy')}")
     rows = []
@@ -117,12 +148,14 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
             parallel = {**variant, "learners": n}
             pairs = []
             for repeat in range(repeats):
-                baseline = first if not rows and repeat == 0 else single()
-                pairs.append(bench_row(variant["strategy"], run_learners(config_files, system, paths, parallel,
-                                                                         epochs, threads), baseline, parallel))
+                baseline, summaries = pair(parallel, fresh_baseline=bool(rows) or repeat > 0)
+                pairs.append(bench_row(variant["strategy"], summaries, baseline, parallel))
+                log(f"  pair {repeat + 1} ({pairing}): 1 learner {baseline['train_seconds']:.2f} s, {n} learners "
+                    f"{pairs[-1]['train_seconds']:.2f} s: {pairs[-1]['measured_speedup']:.3f}x")
             pairs.sort(key=lambda r: r["measured_speedup"])
             # the median pair; with an even count the lower of the two middle ones (never flattering)
-            row = {**pairs[(len(pairs) - 1) // 2], "measured_speedups": [round(r["measured_speedup"], 3) for r in pairs]}
+            row = {**pairs[(len(pairs) - 1) // 2], "pairing": pairing,
+                   "measured_speedups": [round(r["measured_speedup"], 3) for r in pairs]}
             log(json.dumps({k: row[k] for k in (*ROW_KEYS, "measured_speedups")}))
             rows.append(row)
     return first, rows
@@ -160,6 +193,7 @@ def _worker(argv: list[str] | None = None) -> None:
     p.add_argument("--gmm")
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--trace", help="write per-step metrics to <trace>.rank<r>.jsonl")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = load_config(*args.config)
@@ -167,9 +201,18 @@ def _worker(argv: list[str] | None = None) -> None:
                                                      args.gmm)
     opts = train_options(config, args.system, args.epochs)
     model = config["nnet"]["models"][args.system]
+    trace = open(f"{args.trace}.rank{os.environ.get('RANK', '0')}.jsonl", "w") if args.trace else None
+    began = time.perf_counter()
+
+    def log_step(step: int, metrics: dict[str, Any]) -> None:
+        if trace is not None:
+            trace.write(json.dumps({"step": step, "seconds": time.perf_counter() - began, **metrics}) + "\n")
+
     summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
-                    log=lambda m: None, objective=model["objective"], extra=targets.extra,
+                    log_metrics=log_step, log=lambda m: None, objective=model["objective"], extra=targets.extra,
                     state_dir=Path(args.state) / "state", parallel=ParallelOptions(**json.loads(args.parallel)))
+    if trace is not None:
+        trace.close()
     Path(f"{args.summary}.{os.environ.get('RANK', '0')}").write_text(json.dumps(summary))
 
 

@@ -113,12 +113,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                         write_figures, write_rows)
 
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm}
-    variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch}
-                for s in args.strategies.split(",")]
-    variants += [{"strategy": s, "compression": c, "batch": args.batch} for c in args.compressions.split(",")
+    variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch,
+                 **({"k": args.k} if s == "kavg" else {})} for s in args.strategies.split(",")]
+    variants += [{"strategy": s, "compression": c, "batch": args.batch, **({"k": args.k} if s == "kavg" else {})}
+                 for c in args.compressions.split(",")
                  if c != "none" for s in ("allreduce", "ring", "kavg") if s in args.strategies.split(",")]
     baseline, rows = bench_parallel(args.config, args.system, paths, variants, _ints(args.learners), args.epochs,
-                                    args.threads, args.repeats, log=_log)
+                                    args.threads, args.repeats, log=_log, trace_dir=args.trace,
+                                    pairing=args.pairing)
     for row in rows:
         print(json.dumps({k: row[k] for k in ROW_KEYS}))
     print(table(rows))
@@ -204,6 +206,11 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--batch", choices=["global", "learner"], default="global",
                    help="nnet.parallel.batch: max_frames split over the learners, or max_frames each")
     p.add_argument("--repeats", type=int, default=1, help="paired runs (one learner, then the strategy) per setting; the median speedup is kept")
+    p.add_argument("--pairing", choices=["before", "concurrent"], default="before",
+                   help="each pair's single learner runs before the parallel run, or at the same time on spare "
+                   "cores (both see the same drift of the machine)")
+    p.add_argument("--k", type=int, default=4, help="kavg: local steps between model averages")
+    p.add_argument("--trace", help="folder for every run's per-step times (<run>.rank<r>.jsonl)")
     p.add_argument("--out", help="folder for bench.jsonl (and the study's files)")
     p.add_argument("--study", action="store_true", help="also simulate and emulate, and draw the figures")
     p.add_argument("--simulate-learners", default="1,2,4,8,16,32,64")
