@@ -195,3 +195,9 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
         score, _ = score_corpus({u: refs[u] for u in utts}, dict(zip(utts, hyps)))
         # 48 words; the decode stage's own errors on these files (1_0_0_1_0_1_1_1) are included
         assert score["wer"] <= 0.15, (system, hyps)
+        transcriber = model.unwrap_python_model().transcriber
+        if transcriber.kind in ("hclg", "tlg"):  # its private copy of the graph goes with it
+            workdir = Path(transcriber._workdir)
+            assert workdir.is_dir()
+            transcriber.close()
+            assert not workdir.exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import weakref
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ class Transcriber:
         if self.kind in ("hclg", "tlg"):
             # decode_all reads words.txt beside the graph: keep both in one private folder
             self._workdir = tempfile.mkdtemp(prefix="asrflow-graph-")
+            # removed by close(), when the transcriber is collected, or at exit
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, ignore_errors=True)
             self.graph = f"{self._workdir}/{Path(files['graph']).name}"
             shutil.copy(files["graph"], self.graph)
             shutil.copy(files["words"], f"{self._workdir}/words.txt")
@@ -100,6 +103,11 @@ class Transcriber:
 
             self.units = Units(self.header["units"].numpy().tobytes())
             self.lm = ArpaLM(files["lm"]) if files.get("lm") else None
+
+    def close(self) -> None:
+        """Remove the private copy of the graph (the transcriber cannot decode with a graph afterwards)."""
+        if self._workdir is not None:
+            self._cleanup()
 
     def featurise(self, path: str) -> np.ndarray:
         """Features of one audio file, normalised with the pooled training CMVN (else its own)."""
