@@ -102,6 +102,20 @@ def test_learners_must_fill_the_nodes(tmp_path) -> None:
         make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "parallel": {"learners": 3, "nodes": 2}}}})
 
 
+
+def test_overlap_is_for_uncompressed_kavg(tmp_path) -> None:
+    from asrflow.config import ConfigError
+
+    kavg = {"strategy": "kavg", "learners": 2, "overlap": True}
+    assert make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "parallel": kavg}}})
+    with pytest.raises(ConfigError, match=r"nnet.models.dnn.parallel': overlap applies to kavg without compression, "
+                                          r"not to ring"):
+        make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "parallel": {**kavg, "strategy": "ring"}}}})
+    with pytest.raises(ConfigError, match="not to kavg with 1bit"):
+        make_config(tmp_path, nnet={"parallel": {"compression": "1bit"},
+                                    "models": {"dnn": {"type": "dnn", "parallel": kavg}}})
+
+
 def test_dask_on_slurm_options(tmp_path) -> None:
     config = make_config(tmp_path, dask={"cluster": "slurm", "slurm": {"partition": "short", "memory": "4GB",
                                                                        "job_extra": ["--qos=low"]}})

@@ -89,6 +89,16 @@ def test_compressed_exchanges_still_learn(toy, two_learners) -> None:
         assert abs(eight_bit.valid_loss - results[strategy].valid_loss) < 0.01, (strategy, eight_bit)
 
 
+def test_overlapped_averages_learn_on_another_path(toy, two_learners) -> None:
+    results, _ = two_learners
+    overlapped = _run(toy, "kavg", 2, overlap=True)
+    assert overlapped.valid_loss < 0.9 * CHANCE and overlapped.valid_loss != results["kavg"].valid_loss
+    one = _run(toy, "kavg", 1, epochs=2, overlap=True)
+    assert one.valid_loss == _run(toy, "kavg", 1, epochs=2).valid_loss  # nothing to average with one learner
+    with pytest.raises(ValueError, match="overlap applies to kavg without compression, not ring"):
+        _run(toy, "ring", 2, overlap=True)
+
+
 def test_hierarchical_groups_of_two_with_four_learners(toy) -> None:
     result = _run(toy, "hierarchical", 4, group_size=2)
     assert result.learners == 4 and result.valid_loss < CHANCE

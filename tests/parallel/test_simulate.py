@@ -42,6 +42,17 @@ def test_kavg_sits_between_allreduce_and_linear() -> None:
     assert run("allreduce", 16) < kavg < 16
 
 
+def test_overlapped_kavg_hides_the_barrier_and_the_all_reduce() -> None:
+    kw = dict(k=4, steps=200, jitter=0.3, seed=2)
+    blocking, overlapped = run("kavg", 4, **kw), run("kavg", 4, overlap=True, **kw)
+    assert blocking < overlapped <= 4.0001
+    # without jitter it saves the all-reduce: every average costs one merge (the last one waits for it)
+    plain = simulate(SimConfig("kavg", 2, T_CALC, T_MERGE, 2.4e6, SLOW, k=4, steps=40, overlap=True))
+    assert plain.speedup == pytest.approx(2 * (T_CALC + T_MERGE) / (T_CALC + T_MERGE + T_MERGE / 4), rel=0.01)
+    assert plain.speedup > run("kavg", 2, k=4, steps=40)
+    assert run("kavg", 1, overlap=True, steps=50) == pytest.approx(1.0, abs=1e-9)
+
+
 def test_hierarchical_beats_flat_schemes_on_a_slow_network() -> None:
     slow = Network(bandwidth=1.25e7, latency=5e-5, intra_bandwidth=2.5e10)  # 100 Mbit/s: a model takes 192 ms
     hierarchical = run("hierarchical", 64, network=slow, group_size=8, steps=60)

@@ -200,6 +200,11 @@ def _check_systems(config: dict[str, Any]) -> None:
         if learners % nodes:
             raise ConfigError(f"config key 'nnet.models.{name}.parallel': {learners} learners do not divide evenly "
                               f"over {nodes} nodes (learners must be a multiple of nodes)")
+        overlap, compression = (model.get("parallel", {}).get(key, config["nnet"]["parallel"][key])
+                                for key in ("overlap", "compression"))
+        if overlap and (strategy != "kavg" or compression != "none"):
+            raise ConfigError(f"config key 'nnet.models.{name}.parallel': overlap applies to kavg without "
+                              f"compression, not to {strategy}" + (f" with {compression}" if compression != "none" else ""))
     for name, model in models.items():
         _check_features(config, name)
     for name, model in models.items():

@@ -40,6 +40,7 @@ class ParallelOptions:
     learners: int = 1
     k: int = 4  # kavg: local steps between model averages
     adapt: bool = False  # kavg: K / sqrt(learners) steps and lr * sqrt(learners)
+    overlap: bool = False  # kavg: each average travels while the next local step computes, merged after it
     group_size: int = 2  # hierarchical: learners per synchronous group (one node)
     compression: str = "none"  # none | 1bit | 8bit (allreduce, ring, kavg)
     timeout: float = 300.0  # seconds any wait on another learner may take before the job fails
@@ -91,6 +92,10 @@ class ParallelOptions:
             raise ParallelError(f"unknown parallel strategy {self.strategy!r}; known: {', '.join(STRATEGY_NAMES)}")
         if self.batch not in ("global", "learner"):
             raise ParallelError(f"nnet.parallel.batch must be global or learner, not {self.batch!r}")
+        if self.overlap and self.strategy != "kavg":
+            raise ParallelError(f"nnet.parallel.overlap applies to kavg only, not {self.strategy}")
+        if self.overlap and self.compression != "none":
+            raise ParallelError("nnet.parallel.overlap does not combine with compression (set compression: none)")
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

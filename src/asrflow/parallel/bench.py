@@ -89,7 +89,8 @@ def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str
     seconds = max(s["train_seconds"] for s in summaries)
     predicted, efficiency = predict_speedup(strategy, learners, times), split_efficiency(baseline, summaries)
     return {"strategy": strategy, "learners": learners, "compression": parallel.get("compression", "none"),
-            "k": parallel.get("k", 4), "group_size": parallel.get("group_size", 2),
+            "k": parallel.get("k", 4), "overlap": bool(parallel.get("overlap", False)),
+            "group_size": parallel.get("group_size", 2),
             "batch": parallel.get("batch", "global"),
             "measured_speedup": baseline["train_seconds"] / seconds,
             "predicted_speedup": predicted, "split_efficiency": efficiency, "predicted_split": predicted * efficiency,
@@ -126,7 +127,8 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
                             trace=trace("single"))[0]
 
     def pair(parallel: dict[str, Any], fresh_baseline: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        name = "-".join(str(parallel[k]) for k in ("strategy", "learners", "compression", "k") if k in parallel)
+        name = "-".join(str(parallel[k]) for k in ("strategy", "learners", "compression", "k") if k in parallel) + (
+            "-overlap" if parallel.get("overlap") else "")
         if pairing == "concurrent":
             with ThreadPoolExecutor(2) as pool:
                 baseline = pool.submit(single)
@@ -169,7 +171,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         acc = r.get("valid_frame_accuracy")
         efficiency = r.get("split_efficiency", float("nan"))
-        lines.append(f"{r['strategy']:<13}{r['compression']:>6}{r['learners']:>3}{r['measured_speedup']:>10.2f}"
+        label = r["strategy"] + ("+overlap" if r.get("overlap") else "")
+        lines.append(f"{label:<13}{r['compression']:>6}{r['learners']:>3}{r['measured_speedup']:>10.2f}"
                      f"{r['predicted_speedup']:>10.2f}{efficiency:>10.2f}{r['predicted_speedup'] * efficiency:>9.2f}"
                      f"{r['t_calc'] * 1e3:>10.1f}{r['t_transmit'] * 1e3:>11.2f}"
                      f"{r['t_merge'] * 1e3:>11.2f}{r['t_wait'] * 1e3:>10.2f}{r['bytes_per_step']:>12.0f}"

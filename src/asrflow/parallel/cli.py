@@ -75,8 +75,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bench = read_rows(Path(args.bench))
     else:
         bench = [{"strategy": s, "compression": "none", "t_calc": args.t_calc, "t_merge": args.t_merge,
-                  "t_transmit": 0.0, "bytes_per_step": args.model_bytes} for s in args.strategies.split(",")]
-    rows = simulated_rows(bench, learners, _network(args), args.group_size)
+                  "t_transmit": 0.0, "bytes_per_step": args.model_bytes, "k": args.k, "overlap": args.overlap}
+                 for s in args.strategies.split(",")]
+    rows = simulated_rows(bench, learners, _network(args), args.group_size, jitter=args.jitter)
     for row in rows:
         print(json.dumps(row))
     if args.out:
@@ -114,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm}
     variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch,
-                 **({"k": args.k} if s == "kavg" else {})} for s in args.strategies.split(",")]
+                 **({"k": args.k, "overlap": args.overlap} if s == "kavg" else {})} for s in args.strategies.split(",")]
     variants += [{"strategy": s, "compression": c, "batch": args.batch, **({"k": args.k} if s == "kavg" else {})}
                  for c in args.compressions.split(",")
                  if c != "none" for s in ("allreduce", "ring", "kavg") if s in args.strategies.split(",")]
@@ -177,6 +178,9 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES)
     p.add_argument("--learners", default="1,2,4,8,16,32,64")
     p.add_argument("--group-size", type=int, default=8, help="learners per node for the hierarchical layout")
+    p.add_argument("--k", type=int, default=4, help="kavg: local steps between averages (without --bench)")
+    p.add_argument("--overlap", action="store_true", help="kavg: averages taken in one step late (without --bench)")
+    p.add_argument("--jitter", type=float, default=0.0, help="relative spread of each step's compute time")
     p.add_argument("--out", help="folder for simulate.jsonl and speedup.png")
     _network_args(p)
     p.set_defaults(func=cmd_simulate)
@@ -210,6 +214,7 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
                    help="each pair's single learner runs before the parallel run, or at the same time on spare "
                    "cores (both see the same drift of the machine)")
     p.add_argument("--k", type=int, default=4, help="kavg: local steps between model averages")
+    p.add_argument("--overlap", action="store_true", help="kavg: nnet.parallel.overlap (averages one step late)")
     p.add_argument("--trace", help="folder for every run's per-step times (<run>.rank<r>.jsonl)")
     p.add_argument("--out", help="folder for bench.jsonl (and the study's files)")
     p.add_argument("--study", action="store_true", help="also simulate and emulate, and draw the figures")

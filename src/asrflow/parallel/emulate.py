@@ -185,15 +185,19 @@ class _Ring(_Emulator):
 class _KAvg(_Emulator):
     """Local steps; after every ``k`` of them (counted across epochs) and at epoch end the models are
     averaged (optimiser states stay local). Compressed, each learner sends its model's change since
-    the last average (with error feedback); the mean change is added to that common reference."""
+    the last average (with error feedback); the mean change is added to that common reference.
+    With ``overlap`` an average is taken in after the next local step: each learner's model becomes
+    the average of the snapshots plus its own change since its snapshot."""
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, compression: str,
-                 device: torch.device, ticks: float = 1.0) -> None:
+                 device: torch.device, ticks: float = 1.0, overlap: bool = False) -> None:
         self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
         self.k, self.steps, self.since_average = k, 0, 0
         self.reference = flat_params(initial)
         self.senders = ([ErrorFeedback(make_compressor(compression), self.reference.numel(), device)
                          for _ in range(n)] if compression != "none" and n > 1 else None)
+        self.overlap = overlap and n > 1
+        self.pending: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # (mean, snapshots)
 
     def round(self, batches: list[dict]) -> float:
         losses = []
@@ -202,9 +206,21 @@ class _KAvg(_Emulator):
             learner.step()
         self.steps += 1
         self.since_average += 1
+        self._merge_pending()
         if self.steps % self.k == 0:
-            self._average()
+            if self.overlap:
+                snapshots = [flat_params(learner.model) for learner in self.learners]
+                self.pending, self.since_average = (torch.stack(snapshots).mean(0), snapshots), 0
+            else:
+                self._average()
         return sum(losses) / len(losses)
+
+    def _merge_pending(self) -> None:
+        if self.pending is not None:
+            mean, snapshots = self.pending
+            for learner, snapshot in zip(self.learners, snapshots):
+                load_params(learner.model, mean + (flat_params(learner.model) - snapshot))
+            self.pending = None
 
     def _average(self) -> None:
         models = [learner.model for learner in self.learners]
@@ -217,6 +233,7 @@ class _KAvg(_Emulator):
         self.since_average = 0
 
     def end_epoch(self) -> None:
+        self._merge_pending()
         if self.since_average:
             self._average()
 
@@ -276,7 +293,8 @@ class _ASGD(_Emulator):
         return sum(losses) / len(losses)
 
 
-def _check(strategy: str, learners: int, k: int, group_size: int, compression: str, train_set: FeatureDataset) -> None:
+def _check(strategy: str, learners: int, k: int, group_size: int, compression: str, train_set: FeatureDataset,
+           overlap: bool = False) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown parallel strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     if learners < 1:
@@ -287,6 +305,8 @@ def _check(strategy: str, learners: int, k: int, group_size: int, compression: s
         raise ValueError(f"compression {compression!r} is supported by {', '.join(COMPRESSIBLE)} only, not {strategy}")
     if strategy == "kavg" and k < 1:
         raise ValueError(f"kavg needs k >= 1 local steps between averages, not {k}")
+    if overlap and (strategy != "kavg" or compression != "none"):
+        raise ValueError(f"overlap applies to kavg without compression, not {strategy} with {compression}")
     if strategy == "hierarchical" and learners > 1 and (group_size < 1 or learners % group_size):
         raise ValueError(f"hierarchical needs learners ({learners}) divisible by the group size ({group_size})")
     if train_set.targets is None or not train_set.frame_targets:
@@ -294,14 +314,14 @@ def _check(strategy: str, learners: int, k: int, group_size: int, compression: s
 
 
 def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, group_size: int,
-              compression: str, device: torch.device, rule: ParallelOptions) -> _Emulator:
+              compression: str, device: torch.device, rule: ParallelOptions, overlap: bool = False) -> _Emulator:
     ticks = rule.schedule_ticks(n)  # the trainer's learning-rate schedule, per learner update
     if strategy == "allreduce":
         return _AllReduce(initial, n, opts, compression, device, ticks)
     if strategy == "ring":
         return _Ring(initial, n, opts, compression, ticks)
     if strategy == "kavg":
-        return _KAvg(initial, n, opts, k, compression, device, ticks)
+        return _KAvg(initial, n, opts, k, compression, device, ticks, overlap)
     if strategy == "adpsgd":
         return _ADPSGD(initial, n, opts, ticks=ticks)
     if strategy == "hierarchical":
@@ -326,7 +346,7 @@ def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: TrainOpti
 def emulate(strategy: str, learners: int, model_config: dict, train_set: FeatureDataset, valid_set: FeatureDataset,
             num_classes: int, opts: TrainOptions, k: int = 4, group_size: int = 2, compression: str = "none",
             log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu",
-            batch: str = "global", stale_lr: str = "sqrt") -> EmulationResult:
+            batch: str = "global", stale_lr: str = "sqrt", overlap: bool = False) -> EmulationResult:
     """Train ``learners`` virtual learners with ``strategy`` for ``opts.epochs`` epochs (no early stopping)
     and return the final model's held-out loss and frame accuracy on ``valid_set``.
 
@@ -335,9 +355,10 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     ring and kavg only; ``batch`` splits ``opts.max_frames`` over the learners as the trainer does
     (:meth:`asrflow.parallel.base.ParallelOptions.learner_frames`) and ``stale_lr`` scales the
     ring's and asgd's rate as it does (:meth:`~asrflow.parallel.base.ParallelOptions.lr_factor`). The held-out set is evaluated after every epoch (logged; the newbob schedule
-    reacts to it as in training).
+    reacts to it as in training). ``overlap`` takes kavg's averages in one step late, as the trainer's
+    ``nnet.parallel.overlap`` does.
     """
-    _check(strategy, learners, k, group_size, compression, train_set)
+    _check(strategy, learners, k, group_size, compression, train_set, overlap)
     rule = ParallelOptions(strategy=strategy, batch=batch, stale_lr=stale_lr)
     frames = rule.learner_frames(opts.max_frames, learners)
     opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))
@@ -349,7 +370,7 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     device = torch.device(device)
     torch.manual_seed(opts.seed)
     initial = build_model(model_config, train_set[0][1].shape[1], num_classes).to(device)
-    emulator = _emulator(strategy, initial, learners, opts, k, group_size, compression, device, rule)
+    emulator = _emulator(strategy, initial, learners, opts, k, group_size, compression, device, rule, overlap)
     steps, last = 0, float("inf")
     valid_loss, valid_acc = float("inf"), 0.0
     for epoch in range(opts.epochs):

@@ -71,7 +71,7 @@ class SimConfig:
     """One simulated run: a strategy, ``learners`` learners doing ``steps`` steps each.
 
     ``group_size`` is the number of learners per node (1 = flat: every learner its own node);
-    ``k`` the averaging period of ``kavg``.
+    ``k`` the averaging period of ``kavg``, ``overlap`` its averages taken in one step late.
     """
 
     strategy: str
@@ -86,6 +86,7 @@ class SimConfig:
     steps: int = 200
     jitter: float = 0.0
     seed: int = 0
+    overlap: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` for settings the simulator cannot run."""
@@ -357,13 +358,21 @@ def _kavg(job: _Job) -> None:
 
     After every ``k``-th step, and after the last, all learners meet at a barrier, all-reduce
     their parameters (figures as for ``allreduce``) and average them (``t_merge``). One learner
-    never averages.
+    never averages. With ``overlap`` (:class:`asrflow.parallel.sync.KAvg`) a learner does not
+    stop at an average: the all-reduce ends ``collective`` after the last learner's snapshot,
+    and each learner takes it in (``t_merge``) after its next step, waiting only if it is not
+    there yet (after its last step it waits for it).
     """
     n, steps, k, engine = job.n, job.cfg.steps, job.cfg.k, job.engine
     t_merge = job.cfg.t_merge
-    average = job.collective(n, intra=job.cfg.single_node) + t_merge
+    collective = job.collective(n, intra=job.cfg.single_node)
+    average = collective + t_merge
     step = [0] * n
     waiting = [0]
+    overlap = job.cfg.overlap and n > 1
+    arrived: dict[int, int] = {}  # overlap: average number -> learners that have started it
+    done_at: dict[int, float] = {}  # overlap: when each average's all-reduce ends
+    blocked: dict[int, list[Callable[[], None]]] = {}  # overlap: what waits for an average to end
 
     def local(r: int) -> None:
         if step[r] == steps:
@@ -373,6 +382,8 @@ def _kavg(job: _Job) -> None:
 
     def stepped(r: int) -> None:
         step[r] += 1
+        if overlap:
+            return overlapped(r)
         if n > 1 and (step[r] % k == 0 or step[r] == steps):
             waiting[0] += 1
             if waiting[0] == n:
@@ -380,6 +391,31 @@ def _kavg(job: _Job) -> None:
                 engine.after(average, resume)
         else:
             local(r)
+
+    def overlapped(r: int) -> None:
+        last = step[r] - 1  # the step before this one started an average: take it in now
+        if last >= 1 and last % k == 0:
+            return take_in(last // k, partial(start_if_due, r))
+        start_if_due(r)
+
+    def start_if_due(r: int) -> None:
+        if step[r] % k and step[r] < steps:
+            return local(r)
+        number = step[r] // k if step[r] % k == 0 else -1  # -1: the average after the last step
+        arrived[number] = arrived.get(number, 0) + 1
+        if arrived[number] == n:
+            done_at[number] = engine.now + collective
+            for then in blocked.pop(number, []):
+                engine.at(done_at[number] + t_merge, then)
+        if step[r] == steps:  # nothing left to overlap with: wait for it
+            return take_in(number, partial(job.done, r))
+        local(r)
+
+    def take_in(number: int, then: Callable[[], None]) -> None:
+        if number in done_at:
+            engine.at(max(engine.now, done_at[number]) + t_merge, then)
+        else:
+            blocked.setdefault(number, []).append(then)
 
     def resume() -> None:
         for r in range(n):

@@ -33,8 +33,12 @@ def predicted_rows(bench: list[dict[str, Any]], learners: list[int]) -> list[dic
 
 
 def simulated_rows(bench: list[dict[str, Any]], learners: list[int], network: Any, group_size: int,
-                   steps: int = 200) -> list[dict[str, Any]]:
-    """Simulated speedups per uncompressed strategy, flat and in nodes of ``group_size``, from measured times."""
+                   steps: int = 200, jitter: float = 0.0) -> list[dict[str, Any]]:
+    """Simulated speedups per uncompressed strategy, flat and in nodes of ``group_size``, from measured times.
+
+    A row's ``k`` and ``overlap`` (kavg) carry over; ``jitter`` spreads every step's compute time
+    (log-normal, this relative spread), which is what a blocking average waits for.
+    """
     from asrflow.parallel.simulate import project
 
     model_bytes = max((r["bytes_per_step"] for r in bench if r["strategy"] == "ring" and r["compression"] == "none"),
@@ -46,16 +50,20 @@ def simulated_rows(bench: list[dict[str, Any]], learners: list[int], network: An
         layouts = [1] + ([group_size] if row["strategy"] == "hierarchical" else [])
         for nodes in layouts:
             counts = [n for n in learners if nodes == 1 or n % nodes == 0]
+            kavg = {"k": row.get("k", 4), "overlap": bool(row.get("overlap"))} if row["strategy"] == "kavg" else {}
             for result in project(row["strategy"], counts, row["t_calc"], row["t_merge"], model_bytes, network,
-                                  group_size=nodes, steps=steps):
-                rows.append({**result.as_dict(), "model_bytes": model_bytes})
+                                  group_size=nodes, steps=steps, jitter=jitter, **kavg):
+                rows.append({**result.as_dict(), "model_bytes": model_bytes, **kavg})
     return rows
 
 
 def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, features: str, gmm: str | None,
                   strategies: list[str], learners: list[int], epochs: int, compressions: list[str],
                   log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Held-out frame accuracy after ``epochs`` epochs vs virtual learner count, per strategy (and compression)."""
+    """Held-out frame accuracy after ``epochs`` epochs vs virtual learner count, per strategy (and compression).
+
+    ``nnet.parallel`` gives kavg's ``k`` and ``overlap``, ``batch`` and ``stale_lr``.
+    """
     from asrflow.nnet.stage import train_options, training_data
     from asrflow.parallel.emulate import COMPRESSIBLE, emulate
 
@@ -70,6 +78,7 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
         for compression in compressions:
             if compression != "none" and strategy not in COMPRESSIBLE:
                 continue
+            overlap = bool(parallel["overlap"]) and strategy == "kavg" and compression == "none"  # nnet.parallel.overlap
             for n in learners:
                 group = parallel["group_size"] if strategy == "hierarchical" and n % parallel["group_size"] == 0 \
                     else 1
@@ -78,9 +87,10 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
                 else:
                     result = emulate(strategy, n, model, train_set, valid_set, targets.num_classes, opts,
                                      k=parallel["k"], group_size=group, compression=compression,
-                                     batch=parallel["batch"], stale_lr=parallel["stale_lr"])
+                                     batch=parallel["batch"], stale_lr=parallel["stale_lr"], overlap=overlap)
                     single = result if n == 1 else single
-                row = {**result.as_dict(), "strategy": strategy, "compression": compression, "source": "emulated"}
+                row = {**result.as_dict(), "strategy": strategy, "compression": compression, "source": "emulated",
+                       **({"overlap": overlap} if strategy == "kavg" else {})}
                 log(json.dumps(row))
                 rows.append(row)
     return rows

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asrflow.parallel import ParallelError
 from asrflow.parallel.base import Strategy, flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import ErrorFeedback, make_compressor
 
@@ -82,6 +83,13 @@ class KAvg(_Exchange):
     take a learning rate ``sqrt(P)`` times larger (more learners, larger effective batch,
     tighter coupling). With compression, what is averaged is each learner's change since
     the last average (with error feedback), applied to the shared reference model.
+
+    With ``overlap`` an average does not stop the learner: it starts the all-reduce of a
+    snapshot of its model and computes its next step meanwhile; after that step it takes
+    the average plus its own change since the snapshot. The all-reduce, and a learner's
+    lead over the slowest (which a blocking average spends waiting), hide behind one step's
+    computation; the price is that the step after each average is computed on the learner's
+    own model rather than on the average.
     """
 
     name = "kavg"
@@ -96,13 +104,39 @@ class KAvg(_Exchange):
             if self.scheduler is not None:
                 self.scheduler.base_lrs = [lr * math.sqrt(self.world) for lr in self.scheduler.base_lrs]
         self.reference = flat_params(self.model) if self.feedback else None
+        self.pending: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # overlap: (work, sum, snapshot)
 
     def finish_step(self) -> None:
         with self.timed("merge"):
             self.apply_gradient()
         self.step += 1
+        self.merge_pending()
         if self.step % self.k == 0:
-            self.average_models()
+            self.start_average() if self.opts.overlap and self.world > 1 else self.average_models()
+
+    def start_average(self) -> None:
+        """Overlap: all-reduce a snapshot of the model in the background; :meth:`merge_pending` takes it in."""
+        self.announce("exchange")
+        with self.timed("merge"):
+            snapshot = flat_params(self.model)
+            total = snapshot.clone()
+        try:
+            work = dist.all_reduce(total, async_op=True)
+        except RuntimeError as exc:
+            raise ParallelError(self.stuck_message("the model all-reduce", None, exc)) from None
+        self.times.bytes += 2 * (self.world - 1) / self.world * total.numel() * total.element_size()
+        self.pending = (work, total, snapshot)
+
+    def merge_pending(self) -> None:
+        """Overlap: wait for the average in flight; the model becomes it plus this learner's change since."""
+        if self.pending is None:
+            return
+        work, total, snapshot = self.pending
+        self.pending = None
+        with self.timed("transmit"):
+            self.wait(work, "the model all-reduce")
+        with self.timed("merge"):
+            load_params(self.model, total / self.world + (flat_params(self.model) - snapshot))
 
     def average_models(self) -> None:
         """All-reduce the parameters (or the compressed changes since the last average)."""
@@ -119,8 +153,12 @@ class KAvg(_Exchange):
             load_params(self.model, params)
 
     def synchronise(self) -> None:
+        self.merge_pending()  # started at the last step: no change since, so every learner holds the average
         if self.step % self.k:
             self.average_models()
+
+    def quiesce(self) -> None:
+        self.merge_pending()
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **({"reference": self.reference} if self.reference is not None else {})}
