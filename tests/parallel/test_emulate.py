@@ -95,7 +95,7 @@ def test_overlapped_averages_learn_on_another_path(toy, two_learners) -> None:
     assert overlapped.valid_loss < 0.9 * CHANCE and overlapped.valid_loss != results["kavg"].valid_loss
     one = _run(toy, "kavg", 1, epochs=2, overlap=True)
     assert one.valid_loss == _run(toy, "kavg", 1, epochs=2).valid_loss  # nothing to average with one learner
-    with pytest.raises(ValueError, match="overlap applies to kavg without compression, not ring"):
+    with pytest.raises(ValueError, match="overlap applies to kavg without compression, not to ring"):
         _run(toy, "ring", 2, overlap=True)
 
 

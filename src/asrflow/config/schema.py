@@ -19,6 +19,7 @@ import jsonschema
 import yaml
 
 from asrflow.nnet.sizes import complete_model_config
+from asrflow.parallel import overlap_conflict
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -202,9 +203,8 @@ def _check_systems(config: dict[str, Any]) -> None:
                               f"over {nodes} nodes (learners must be a multiple of nodes)")
         overlap, compression = (model.get("parallel", {}).get(key, config["nnet"]["parallel"][key])
                                 for key in ("overlap", "compression"))
-        if overlap and (strategy != "kavg" or compression != "none"):
-            raise ConfigError(f"config key 'nnet.models.{name}.parallel': overlap applies to kavg without "
-                              f"compression, not to {strategy}" + (f" with {compression}" if compression != "none" else ""))
+        if overlap and (problem := overlap_conflict(strategy, compression)):
+            raise ConfigError(f"config key 'nnet.models.{name}.parallel': {problem}")
     for name, model in models.items():
         _check_features(config, name)
     for name, model in models.items():

@@ -10,3 +10,14 @@ step the times of the timing model in :mod:`asrflow.parallel.timing`.
 
 class ParallelError(RuntimeError):
     """A learner is stuck or died, or the parallel settings cannot work; the message names the rank."""
+
+
+def overlap_conflict(strategy: str, compression: str) -> str:
+    """Why ``overlap`` (kavg's averages taken in one step late) cannot go with these settings; "" if it can.
+
+    Torch-free, so config validation, the trainer and the emulation share one rule.
+    """
+    if strategy != "kavg" or compression != "none":
+        return f"overlap applies to kavg without compression, not to {strategy}" + (
+            f" with {compression}" if compression != "none" else "")
+    return ""

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from asrflow.parallel import ParallelError
+from asrflow.parallel import ParallelError, overlap_conflict
 from asrflow.parallel.timing import StepTimes
 
 STRATEGY_NAMES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
@@ -92,10 +92,8 @@ class ParallelOptions:
             raise ParallelError(f"unknown parallel strategy {self.strategy!r}; known: {', '.join(STRATEGY_NAMES)}")
         if self.batch not in ("global", "learner"):
             raise ParallelError(f"nnet.parallel.batch must be global or learner, not {self.batch!r}")
-        if self.overlap and self.strategy != "kavg":
-            raise ParallelError(f"nnet.parallel.overlap applies to kavg only, not {self.strategy}")
-        if self.overlap and self.compression != "none":
-            raise ParallelError("nnet.parallel.overlap does not combine with compression (set compression: none)")
+        if self.overlap and (problem := overlap_conflict(self.strategy, self.compression)):
+            raise ParallelError(f"nnet.parallel.{problem}")
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

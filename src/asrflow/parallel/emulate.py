@@ -28,6 +28,7 @@ from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, c
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.nnet.train import Schedule, TrainOptions, evaluate, newbob_update
+from asrflow.parallel import overlap_conflict
 from asrflow.parallel.base import ParallelOptions, flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
 from asrflow.parallel.topology import pairs
@@ -305,8 +306,8 @@ def _check(strategy: str, learners: int, k: int, group_size: int, compression: s
         raise ValueError(f"compression {compression!r} is supported by {', '.join(COMPRESSIBLE)} only, not {strategy}")
     if strategy == "kavg" and k < 1:
         raise ValueError(f"kavg needs k >= 1 local steps between averages, not {k}")
-    if overlap and (strategy != "kavg" or compression != "none"):
-        raise ValueError(f"overlap applies to kavg without compression, not {strategy} with {compression}")
+    if overlap and (problem := overlap_conflict(strategy, compression)):
+        raise ValueError(problem)
     if strategy == "hierarchical" and learners > 1 and (group_size < 1 or learners % group_size):
         raise ValueError(f"hierarchical needs learners ({learners}) divisible by the group size ({group_size})")
     if train_set.targets is None or not train_set.frame_targets:

@@ -20,6 +20,11 @@ from asrflow.parallel.base import Strategy, flat_grads, flat_params, load_grads,
 from asrflow.parallel.compress import ErrorFeedback, make_compressor
 
 
+def allreduce_bytes(vector: torch.Tensor, size: int) -> float:
+    """Bytes one learner puts on the wire in a ring all-reduce of ``vector`` over ``size`` learners."""
+    return 2 * (size - 1) / size * vector.numel() * vector.element_size()
+
+
 class _Exchange(Strategy):
     """Average a flat vector over all learners (optionally compressed) within ``group``."""
 
@@ -40,7 +45,7 @@ class _Exchange(Strategy):
         if self.feedback is None:
             with self.timed("transmit"):
                 self.collective(what, dist.all_reduce, vector, group=group)
-            self.times.bytes += 2 * (size - 1) / size * vector.numel() * vector.element_size()
+            self.times.bytes += allreduce_bytes(vector, size)
             return vector / size
         with self.timed("merge"):
             payload = self.feedback.compress(vector)
@@ -124,7 +129,7 @@ class KAvg(_Exchange):
             work = dist.all_reduce(total, async_op=True)
         except RuntimeError as exc:
             raise ParallelError(self.stuck_message("the model all-reduce", None, exc)) from None
-        self.times.bytes += 2 * (self.world - 1) / self.world * total.numel() * total.element_size()
+        self.times.bytes += allreduce_bytes(total, self.world)
         self.pending = (work, total, snapshot)
 
     def merge_pending(self) -> None:
