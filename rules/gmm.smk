@@ -18,6 +18,7 @@ rule gmm:
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
         runtime=per_attempt(240),  # minutes (sbatch -t)
+    priority: 10
     log:
         f"{RESULTS}/logs/gmm.{{train}}.{{system}}.log",
     benchmark:
@@ -51,6 +52,7 @@ rule align:
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
         runtime=per_attempt(120),  # minutes (sbatch -t)
+    priority: 10
     log:
         f"{RESULTS}/logs/align.{{train}}.{{system}}.log",
     benchmark:
@@ -84,6 +86,7 @@ rule fmllr:
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
         runtime=per_attempt(120),  # minutes (sbatch -t)
+    priority: 10
     log:
         f"{RESULTS}/logs/fmllr.{{train}}.{{system}}.log",
     benchmark:

@@ -27,6 +27,7 @@ rule nnet:
         mpi=lambda wildcards: launch_resources(config, wildcards.system)["mpi"],
         gres=lambda wildcards: launch_resources(config, wildcards.system)["gres"],
         tasks_per_gpu=lambda wildcards: launch_resources(config, wildcards.system)["tasks_per_gpu"],
+    priority: 1
     log:
         f"{RESULTS}/logs/nnet.{{train}}.{{system}}.log",
     benchmark:
@@ -56,6 +57,7 @@ rule ensemble:
     resources:
         mem_mb=per_attempt(2000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
         runtime=per_attempt(30),  # minutes (sbatch -t)
+    priority: 1
     log:
         f"{RESULTS}/logs/ensemble.{{train}}.{{system}}.log",
     benchmark:
