@@ -52,9 +52,9 @@ include: "rules/score.smk"
 include: "rules/report.smk"
 
 # Among ready jobs Snakemake starts the set of the highest total `priority:` that fits the free
-# cores. The GMM side (gmm, align, fmllr: 10) gates every hybrid network and takes every core,
-# so it goes before any set of smaller jobs; training (nnet, ensemble: 1) gates tuning,
-# decoding and scoring (0). The longest chain then starts as early as it can.
+# cores. The GMM side (gmm, align, fmllr and their graphs: 10) gates every hybrid network, so
+# it goes before any set of smaller jobs; training (nnet, ensemble: 1) gates tuning, decoding
+# and scoring (0). The longest chain then starts as early as it can.
 #
 # Rules that take seconds run where Snakemake runs, never queued on a cluster (as Kaldi's
 # recipes make graphs and score on the head node).

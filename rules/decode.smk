@@ -14,6 +14,7 @@ rule graph:
     wildcard_constraints:
         train="[^/]*train",
         system=system_pattern(GMM_SYSTEMS),
+    priority: 10
     log:
         f"{RESULTS}/logs/graph.{{train}}.{{system}}.log",
     benchmark:

@@ -77,15 +77,16 @@ def dask_client_1():
 def yesno_run(tmp_path_factory, mirror) -> Path:
     """The yesno experiment run locally (``snakemake --cores 2``): its working folder.
 
-    yesno's feature, training, tuning and decoding jobs are mostly start-up (imports, a Dask
-    cluster, MLflow) and tiny networks: each takes one core (``--set-threads``), so two run at
-    once. The GMMs keep both cores. Results do not depend on the Dask worker count; the two-learner
-    dnn has one thread per learner either way (as on Slurm, where the test compares it).
+    yesno's jobs are mostly start-up (imports, a Dask cluster, MLflow) and tiny networks: each
+    takes one core (``--set-threads``), so two run at once, and the GMM side, which the rules
+    rank first, starts on the first free core instead of waiting for both. Results do not depend
+    on the Dask worker count (the Slurm test compares this run with one whose GMM stages have two
+    workers); the two-learner dnn has one thread per learner either way.
     """
     from tests.snakemake_run import YESNO, snakemake
 
     os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
     workdir = tmp_path_factory.mktemp("workflow")
-    snakemake(workdir, "--cores", "2", "--set-threads", "features=1", "nnet=1", "decode=1", "decode_nnet=1",
-              "tune_nnet=1", "--configfile", str(YESNO))
+    snakemake(workdir, "--cores", "2", "--set-threads", "features=1", "gmm=1", "align=1", "fmllr=1", "nnet=1",
+              "decode=1", "decode_nnet=1", "tune_nnet=1", "--configfile", str(YESNO))
     return workdir
