@@ -151,15 +151,16 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert list(adapted["splits"]) == ["train", "test"] and adapted["dim"] == 39  # no network reads train_sp adapted
     assert all(s["adapted"] == s["speakers"] == 1 for s in adapted["splits"].values())
     assert json.loads((res / "nnet" / "train" / "dnn_fmllr" / "manifest.json").read_text())["features"] == "fmllr"
-    # measured: 2-4 errors each, all insertions (README); the GMM triphone gets 0
-    assert all(e <= 8 for e in errors.values()), errors
-    assert min(errors.values()) <= 3, errors
+    # measured (README): 1 error each, the insertion at the start of 1_1_1_1_0_1_0_0, and 3 for ctc_phone;
+    # the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
+    assert all(e <= 4 for e in errors.values()), errors
+    assert min(errors.values()) <= 1, errors
     ensemble = json.loads((res / "nnet" / "train" / ENSEMBLE / "manifest.json").read_text())
     members = [json.loads((res / "nnet" / "train" / m / "manifest.json").read_text()) for m in ("dnn", "lstm", "cnn")]
     assert ensemble["members"] == ["dnn", "lstm", "cnn"] and ensemble["parameters"] == sum(
         m["parameters"] for m in members)
     summary = json.loads((res / "score" / ENSEMBLE / "test.json").read_text())
-    assert summary["n_ref_words"] == 232 and summary["errors"] <= 8 and 0 < summary["rtf"] < 0.05, summary
+    assert summary["n_ref_words"] == 232 and summary["errors"] <= 2 and 0 < summary["rtf"] < 0.05, summary
     table = (res / "compare" / "table.md").read_text()
     for system in ("mono", "tri", *NETWORKS, ENSEMBLE):
         assert f"| {system} |" in table
