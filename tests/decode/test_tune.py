@@ -12,15 +12,16 @@ from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
 
 def test_grid_is_row_major_over_the_axes() -> None:
     tune = {"acoustic_scale": [0.1, 0.2], "insertion_penalty": [0.0, 1.0, 2.0], "lm_weight": [9],
-            "tlg_acoustic_scale": [1.0]}
+            "tlg_acoustic_scale": [1.0], "tlg_insertion_penalty": [-1.0, 0.5]}
     points = grid_points(tune, AXES["hclg"])
     assert points[:4] == [{"acoustic_scale": 0.1, "insertion_penalty": 0.0},
                           {"acoustic_scale": 0.1, "insertion_penalty": 1.0},
                           {"acoustic_scale": 0.1, "insertion_penalty": 2.0},
                           {"acoustic_scale": 0.2, "insertion_penalty": 0.0}]
     assert len(points) == 6
-    # a TLG network takes its acoustic scales from their own list
-    assert grid_points(tune, AXES["tlg"])[-1] == {"acoustic_scale": 1.0, "insertion_penalty": 2.0}
+    # a TLG network takes its acoustic scales and penalties from their own lists
+    assert grid_points(tune, AXES["tlg"]) == [{"acoustic_scale": 1.0, "insertion_penalty": -1.0},
+                                              {"acoustic_scale": 1.0, "insertion_penalty": 0.5}]
 
 
 def test_the_fewest_errors_win() -> None:

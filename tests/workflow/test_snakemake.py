@@ -190,7 +190,7 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
         chosen = json.loads((res / "tune" / "train" / system / "tune.json").read_text())["chosen"]
         model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
         settings = model.unwrap_python_model().transcriber.settings
-        axes = AXES[settings["decoder"]]  # setting -> its nnet.decode key (a TLG's scale is tlg_acoustic_scale)
+        axes = AXES[settings["decoder"]]  # setting -> its nnet.decode key (a TLG's are tlg_*)
         assert settings["tuned"] == chosen and all(settings["decode"][axes[k]] == v for k, v in chosen.items())
         hyps = model.predict([wavs[u] for u in utts])
         score, _ = score_corpus({u: refs[u] for u in utts}, dict(zip(utts, hyps)))

@@ -83,11 +83,14 @@ _VOCABULARIES: "weakref.WeakKeyDictionary[ArpaLM, Vocabulary]" = weakref.WeakKey
 
 
 def graph_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
-    """Decoder settings of a CTC network through TLG: ``tlg_acoustic_scale``, beam and active states as hybrids."""
+    """Decoder settings of a CTC network through TLG: ``tlg_acoustic_scale``, ``tlg_insertion_penalty``, beam
+    and active states as hybrids."""
+    # pyfunc models saved before tlg_insertion_penalty existed decoded with the hybrids' penalty
+    penalty = nnet_decode.get("tlg_insertion_penalty", nnet_decode["insertion_penalty"])
     return DecodeOptions(beam=nnet_decode.get("graph_beam") or graph_decode["beam"],
                          max_active=nnet_decode.get("max_active") or graph_decode["max_active"],
                          lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["tlg_acoustic_scale"],
-                         insertion_penalty=nnet_decode["insertion_penalty"])
+                         insertion_penalty=penalty)
 
 
 def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str,

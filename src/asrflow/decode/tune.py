@@ -6,7 +6,8 @@ out of training (``nnet.valid_fraction`` of the training split, used so far only
 stopping), and the test sets are decoded once, with the winner:
 
 - hybrid networks: ``acoustic_scale`` × ``insertion_penalty`` through the HCLG;
-- CTC networks over phones: ``acoustic_scale`` (from ``tlg_acoustic_scale``) × ``insertion_penalty`` through TLG;
+- CTC networks over phones: ``acoustic_scale`` × ``insertion_penalty`` through TLG (their own lists,
+  ``tlg_acoustic_scale`` and ``tlg_insertion_penalty``);
 - other CTC networks: ``lm_weight`` × ``word_bonus`` in the prefix beam search.
 
 One forward pass per shard serves the whole grid. Held-out sets are small, so several
@@ -30,7 +31,7 @@ from asrflow.score.wer import score_corpus
 #: Per decoder kind (:func:`asrflow.decode.stage.decoder_kind`): each tuned setting and the
 #: ``nnet.decode.tune`` list of values it takes.
 AXES = {"hclg": {"acoustic_scale": "acoustic_scale", "insertion_penalty": "insertion_penalty"},
-        "tlg": {"acoustic_scale": "tlg_acoustic_scale", "insertion_penalty": "insertion_penalty"},
+        "tlg": {"acoustic_scale": "tlg_acoustic_scale", "insertion_penalty": "tlg_insertion_penalty"},
         "prefix": {"lm_weight": "lm_weight", "word_bonus": "word_bonus"}}
 
 
