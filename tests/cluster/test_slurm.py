@@ -42,18 +42,19 @@ def _slurm_script(name: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def _bring_up_and_run(workdir: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess | None]:
-    """up.sh, then the yesno experiment through the cluster profile in ``workdir`` (if Slurm came up)."""
+def _bring_up_and_run(workdir: Path) -> str:
+    """up.sh, then the yesno experiment through the cluster profile in ``workdir``: Snakemake's output."""
     started = _slurm_script("up.sh")
     if started.returncode != 0:
-        return started, None
+        pytest.fail(f"workflow/slurm/up.sh failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
     overlay = workdir / "on_slurm.yaml"
     overlay.write_text(OVERLAY)
     # Status checks: the plugin waits its initial interval (the profile's 10 s) after a job ends,
     # then 10 s longer after each check that finds nothing finished (10, 30, 60 s, ...), so a
     # 15-s job was seen after ~40 s. yesno's jobs take 10-25 s: 6 s gives checks at 6, 22, 48 s.
-    return started, snakemake(workdir, "--profile", str(REPO / "cluster"), "--configfile", str(YESNO), str(overlay),
-                              "--slurm-init-seconds-before-status-checks", "6", timeout=1800, check=False)
+    proc = snakemake(workdir, "--profile", str(REPO / "cluster"), "--configfile", str(YESNO), str(overlay),
+                     "--slurm-init-seconds-before-status-checks", "6", timeout=1800)
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +74,14 @@ def slurm_run(tmp_path_factory, mirror, request) -> Iterator[tuple[Path, str]]:
     os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
     workdir = tmp_path_factory.mktemp("slurm")
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    cluster = pool.submit(_bring_up_and_run, workdir)
+    cluster = pool.submit(_bring_up_and_run, workdir)  # a failure there comes back from result()
     try:
         try:
             request.getfixturevalue("yesno_run")  # the local run, meanwhile
         finally:
-            started, proc = cluster.result()  # the thread is waited for whatever happened
+            output = cluster.result()  # the thread is waited for whatever happened
             pool.shutdown()
-        if started.returncode != 0:
-            pytest.fail(f"workflow/slurm/up.sh failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
-        if proc.returncode != 0:
-            pytest.fail(f"snakemake --profile cluster failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        yield workdir, proc.stdout + proc.stderr
+        yield workdir, output
     finally:
         stopped = _slurm_script("down.sh")
         assert stopped.returncode == 0, stopped.stderr
