@@ -281,7 +281,8 @@ RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 # fingerprint already holds; an augmentation switched off): left out while at it, so adding such
 # settings to the schema reruns nothing.
 NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False},
-                                             "": {"audio.speed_perturb": []}}
+                                             "": {"audio.speed_perturb": []},
+                                             "decode": {"insertion_penalty": 0.0}}  # the GMMs' decode section
 
 
 def _neutral(section: str, key: str, value: Any) -> bool:
@@ -290,6 +291,8 @@ def _neutral(section: str, key: str, value: Any) -> bool:
 
 
 def _without_runtime(key: str, value: Any) -> Any:
+    if key == "decode" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if not _neutral(key, k, v)}
     section = key.rsplit(".", 1)[-1]
     if section in RUNTIME_KEYS and isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section] and not _neutral(section, k, v)}

@@ -167,6 +167,19 @@ def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> Non
         assert fingerprint[0] == fingerprint[1] != fingerprint[2]
 
 
+def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:
+    """decode.insertion_penalty 0 (the default) reruns no decode, fMLLR or tuning that ran before the key existed."""
+    from asrflow.decode.decoder import gmm_decode_options
+
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    before = {**base, "decode": {k: v for k, v in base["decode"].items() if k != "insertion_penalty"}}
+    on = make_config(tmp_path, decode={"insertion_penalty": 2.0}, nnet={"models": {"dnn": {"type": "dnn"}}})
+    assert base["decode"]["insertion_penalty"] == 0.0 and gmm_decode_options(on["decode"]).insertion_penalty == 2.0
+    for stage, system in (("decode", ""), ("fmllr", "tri"), ("tune", "dnn"), ("decode_nnet", "dnn")):
+        fingerprint = [stage_fingerprint(c, stage, system=system) for c in (before, base, on)]
+        assert fingerprint[0] == fingerprint[1] != fingerprint[2], stage
+
+
 def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
     """A network with features: fmllr reads fmllr/<train>/<alignments system>; the fmllr rule adapts the
     speed-perturbed copies only when such a network trains on them."""

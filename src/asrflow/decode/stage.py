@@ -62,7 +62,8 @@ def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str |
                           units=[len(s.utts) for s in shards], desc=f"decode-{test}",
                           retries=config["dask"]["retries"])
     wall = time.perf_counter() - start
-    return write_decode(out, test, results, wall, {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam}, log)
+    return write_decode(out, test, results, wall, {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam,
+                                                   "insertion_penalty": opts.insertion_penalty}, log)
 
 
 def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float, settings: dict[str, Any],
