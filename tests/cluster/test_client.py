@@ -32,3 +32,21 @@ def test_address_mode_needs_an_address() -> None:
     with pytest.raises(ValueError, match="dask.address"):
         with dask_client(cfg):
             pass
+
+
+def _pid(_: object) -> int:
+    import os
+
+    return os.getpid()
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_a_single_local_worker_runs_in_the_jobs_process_unless_told_not_to(in_thread: bool) -> None:
+    import os
+
+    cfg = {"cluster": "local", "address": None, "workers": 1, "host": "127.0.0.1", "dashboard": False,
+           "single_worker_thread": in_thread}
+    with dask_client(cfg, log=lambda *_: None) as client:
+        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+        pids = run_sharded(client, _pid, [[0], [1]])
+    assert (pids == [os.getpid()] * 2) is in_thread

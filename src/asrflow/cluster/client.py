@@ -63,7 +63,8 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=1,
-            processes=True,
+            processes=n > 1 or not dask_cfg.get("single_worker_thread", True),
+            protocol="tcp",
             host=host,
             dashboard_address=f"{host}:0",  # a free port on the configured host, never 8787 clashes
             silence_logs=logging.ERROR,

@@ -91,7 +91,8 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, workers: list[in
             row: dict[str, Any] = {"dim": opts.dim, "asrflow": {}}
             for n in workers:
                 t0 = time.perf_counter()
-                with dask_client({**config["dask"], "workers": n, "dashboard": False}, log=quiet) as client:
+                with dask_client({**config["dask"], "workers": n, "dashboard": False, "single_worker_thread": False},
+                                 log=quiet) as client:  # worker processes at every count, so 1 and 2 compare
                     startup = time.perf_counter() - t0
                     runs = []
                     for _ in range(repeats):

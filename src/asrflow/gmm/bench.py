@@ -29,7 +29,8 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
     opts = AlignOptions(beam=config["gmm"]["mono"]["beam"], retry_beam=config["gmm"]["mono"]["retry_beam"])
     quiet = lambda *_: None  # noqa: E731
     for n in workers:
-        with dask_client({**config["dask"], "workers": n, "dashboard": False}, log=quiet) as client:
+        with dask_client({**config["dask"], "workers": n, "dashboard": False, "single_worker_thread": False},
+                         log=quiet) as client:  # worker processes at every count, so 1 and 2 compare
             blob = broadcast(client, model.to_bytes())
             items = [(s, None) for s in shards]
             warm = run_sharded(client, _estep_args, items, blob, "realign", opts, desc="warm-up")
