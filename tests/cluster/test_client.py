@@ -46,7 +46,10 @@ def test_a_single_local_worker_runs_in_the_jobs_process_unless_told_not_to(in_th
 
     cfg = {"cluster": "local", "address": None, "workers": 1, "host": "127.0.0.1", "dashboard": False,
            "single_worker_thread": in_thread}
+    environ = dict(os.environ)
     with dask_client(cfg, log=lambda *_: None) as client:
         assert client.scheduler.address.startswith("tcp://127.0.0.1:")
         pids = run_sharded(client, _pid, [[0], [1]])
+        # a worker process's nanny sets OMP_NUM_THREADS=1 etc. here to spawn it; they must not stay
+        assert dict(os.environ) == environ
     assert (pids == [os.getpid()] * 2) is in_thread

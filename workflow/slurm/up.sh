@@ -16,7 +16,7 @@
 #   ASRFLOW_SLURM_USER     user slurmctld runs as          [root]
 #   ASRFLOW_SLURM_CPUS     CPUs of the node                [detected: slurmd -C]
 #   ASRFLOW_SLURM_MEM_MB   RealMemory of the node (MB)     [detected: slurmd -C]
-#   ASRFLOW_SLURM_GPU_CPUS CPUs partition gpu may use      [nproc]
+#   ASRFLOW_SLURM_GPU_CPUS CPUs partition gpu may use      [nproc, ignoring OMP_NUM_THREADS]
 #   ASRFLOW_SLURM_TIMEOUT  seconds to wait for the node    [90]
 #   ASRFLOW_SLURM_FORCE=1  overwrite a slurm.conf that up.sh did not write
 set -euo pipefail
@@ -151,9 +151,12 @@ fi
 # so the node is never drained for "Low RealMemory"/"Low socket*core*thread").
 shape="$(slurmd -C 2>/dev/null | head -n 1 || true)"
 field() { sed -n "s/.*[[:space:]]$1=\([0-9]*\).*/\1/p" <<<"$shape"; }
+# CPUs this machine lets us use; GNU nproc would report OMP_NUM_THREADS instead when it is set
+# (HPC shells often export 1, and Dask leaves 1 behind in the processes that start its workers)
+usable_cpus() { env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc; }
 cpus="$(field CPUs)"; boards="$(field Boards)"; spb="$(field SocketsPerBoard)"
 cps="$(field CoresPerSocket)"; tpc="$(field ThreadsPerCore)"; mem="$(field RealMemory)"
-[ -n "$cpus" ] || cpus="$(nproc)"
+[ -n "$cpus" ] || cpus="$(usable_cpus)"
 [ -n "$mem" ] || mem="$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)"
 sockets=$(( ${boards:-1} * ${spb:-1} ))
 [ -n "$cps" ] || cps="$cpus"
@@ -162,7 +165,7 @@ if [ -n "${ASRFLOW_SLURM_CPUS:-}" ]; then
     cpus="$ASRFLOW_SLURM_CPUS"; sockets=1; cps="$cpus"; tpc=1
 fi
 mem="${ASRFLOW_SLURM_MEM_MB:-$mem}"
-gpu_cpus="${ASRFLOW_SLURM_GPU_CPUS:-$(nproc)}"
+gpu_cpus="${ASRFLOW_SLURM_GPU_CPUS:-$(usable_cpus)}"
 [ "$gpu_cpus" -le "$cpus" ] || gpu_cpus="$cpus"
 def_mem=$(( mem / cpus ))
 [ "$def_mem" -le 1024 ] || def_mem=1024

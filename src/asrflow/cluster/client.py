@@ -8,6 +8,7 @@ stage's output does not depend on how many workers ran it or whether one crashed
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import uuid
@@ -60,6 +61,7 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
     else:
         n = dask_cfg.get("workers") or workers or 1
         host = dask_cfg["host"]
+        environ = dict(os.environ)
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=1,
@@ -69,6 +71,7 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
             dashboard_address=f"{host}:0",  # a free port on the configured host, never 8787 clashes
             silence_logs=logging.ERROR,
         )
+        restore_environ(environ)
         client = Client(cluster)
     try:
         if dask_cfg["dashboard"] and client.dashboard_link:
@@ -79,6 +82,21 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def restore_environ(saved: dict[str, str]) -> None:
+    """Put this process's environment back to ``saved``.
+
+    Dask's nannies set their workers' variables (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``,
+    ``MALLOC_TRIM_THRESHOLD_``, ...) in the parent's ``os.environ`` to spawn them and leave them
+    there, where every later subprocess of the stage (or of a test session) would inherit them:
+    GNU ``nproc`` then says 1.
+    """
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def slurm_options(dask_cfg: dict[str, Any]) -> dict[str, Any]:
