@@ -278,11 +278,13 @@ RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 
 
 # Settings at a value that changes nothing (nnet.train.seed null: the experiment's seed, which the
-# fingerprint already holds; an augmentation switched off): left out while at it, so adding such
-# settings to the schema reruns nothing.
+# fingerprint already holds; an augmentation or a penalty switched off): left out while at it, so
+# adding such settings to the schema reruns nothing. Keyed by the full key of the section when there
+# is one ("decode" is the GMMs' section, not nnet.decode), else by its last part ("train": nnet.train
+# and every network's own train overrides); "": top-level keys.
 NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False},
-                                             "": {"audio.speed_perturb": []},
-                                             "decode": {"insertion_penalty": 0.0}}  # the GMMs' decode section
+                                             "decode": {"insertion_penalty": 0.0},
+                                             "": {"audio.speed_perturb": []}}
 
 
 def _neutral(section: str, key: str, value: Any) -> bool:
@@ -291,11 +293,10 @@ def _neutral(section: str, key: str, value: Any) -> bool:
 
 
 def _without_runtime(key: str, value: Any) -> Any:
-    if key == "decode" and isinstance(value, dict):
-        return {k: v for k, v in value.items() if not _neutral(key, k, v)}
     section = key.rsplit(".", 1)[-1]
-    if section in RUNTIME_KEYS and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in RUNTIME_KEYS[section] and not _neutral(section, k, v)}
+    if (section in RUNTIME_KEYS or key in NEUTRAL_VALUES) and isinstance(value, dict):
+        runtime, neutral = RUNTIME_KEYS.get(section, ()), key if key in NEUTRAL_VALUES else section
+        return {k: v for k, v in value.items() if k not in runtime and not _neutral(neutral, k, v)}
     if key.startswith("nnet.models.") and isinstance(value, dict):
         out = dict(value)
         for name in RUNTIME_KEYS:
