@@ -282,7 +282,8 @@ RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 # adding such settings to the schema reruns nothing. Keyed by the full key of the section when there
 # is one ("decode" is the GMMs' section, not nnet.decode), else by its last part ("train": nnet.train
 # and every network's own train overrides); "": top-level keys.
-NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False},
+NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False,
+                                                       "edge_fragments": {"probability": 0.0, "max_frames": 30}},
                                              "decode": {"insertion_penalty": 0.0},
                                              "": {"audio.speed_perturb": []}}
 

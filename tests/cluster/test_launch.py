@@ -167,6 +167,18 @@ def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> Non
         assert fingerprint[0] == fingerprint[1] != fingerprint[2]
 
 
+def test_edge_fragments_switched_off_changes_no_fingerprint(tmp_path) -> None:
+    """nnet.train.edge_fragments at probability 0 (the default) retrains no network trained before the key existed."""
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    before = {**base, "nnet": {**base["nnet"], "train": {k: v for k, v in base["nnet"]["train"].items()
+                                                          if k != "edge_fragments"}}}
+    on = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {
+        "edge_fragments": {"probability": 1.0, "max_frames": 60}}}}})
+    assert base["nnet"]["train"]["edge_fragments"] == {"probability": 0.0, "max_frames": 30}
+    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (before, base, on)]
+    assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+
+
 def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:
     """decode.insertion_penalty 0 (the default) reruns no decode, fMLLR or tuning that ran before the key existed."""
     from asrflow.decode.decoder import gmm_decode_options

@@ -31,3 +31,17 @@ def test_rows_take_the_newest_run_and_format_the_table() -> None:
     assert tri["model"] == "gmm-hmm (tri)" and tri["sizes"] == "leaves=300" and tri["WER LOSO mean"] == ""
     assert markdown(header, body).count("\n") == 4
     assert csv_text(header, body).splitlines()[2].split(",")[-1] == "12345"
+
+
+def test_the_objective_names_the_training_data_and_augmentation() -> None:
+    """A speed-perturbed network and one trained with edge fragments say so in the objective column."""
+    runs = [
+        _run("nnet-a-train", 1, {}, {"nnet.models.a.type": "dnn", "nnet.effective.train_data": "train_sp",
+                                     "nnet.effective.edge_fragments": "{'probability': 0.0, 'max_frames': 30}"}),
+        _run("nnet-b-train", 2, {}, {"nnet.models.b.type": "dnn", "nnet.effective.train_data": "train",
+                                     "nnet.effective.edge_fragments": "{'probability': 1.0, 'max_frames': 60}"}),
+        _run("nnet-c-train", 3, {}, {"nnet.models.c.type": "dnn"}),  # logged before the setting existed
+    ]
+    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c"], ["test"]), ["test"])
+    objective = [dict(zip(header, line))["objective"] for line in body]
+    assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid"]

@@ -54,6 +54,7 @@ class TrainOptions:
     amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
+    edge_fragments: dict = field(default_factory=dict)  # probability, max_frames (hybrid; nnet/fragments.py)
     prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
     deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
     seed: int = 0
@@ -142,7 +143,11 @@ def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: TrainOp
                 rank: int, index: int, pin: bool = False) -> dict:
     """Training batch ``index`` of an epoch, on the CPU: read, padded, augmented (draws seeded by
     seed/epoch/batch/rank, so the same whenever it is made) and cut into chunks; pinned for a GPU."""
-    batch = collate([dataset[i] for i in batches[index]])
+    items = [dataset[i] for i in batches[index]]
+    if dataset.fragments is not None:
+        draws = np.random.default_rng([opts.seed, epoch, index, rank, 1])
+        items = [dataset.fragments.apply(dataset, item, draws) for item in items]
+    batch = collate(items)
     if any(opts.specaugment.get(k) for k in ("freq_masks", "time_masks", "freq_warp")):
         key = np.random.SeedSequence([opts.seed, epoch, index, rank]).generate_state(1)[0]
         draws = torch.Generator().manual_seed(int(key))

@@ -9,6 +9,8 @@ differ only in a network's width show it in the table.
 
 from __future__ import annotations
 
+import ast
+
 import csv
 import io
 from dataclasses import dataclass, field
@@ -58,6 +60,7 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
+    objective += _edge_fragments(params.get("nnet.effective.edge_fragments", "{}"))
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
@@ -65,6 +68,16 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
         objective += ", SAT alignments"
     return {"model": params.get(f"{prefix}type", "?"), "objective": objective, "sizes": ", ".join(sizes),
             "parallel": _parallel(params)}
+
+
+def _edge_fragments(param: str) -> str:
+    """``, edge fragments (p=…)`` when a training run's logged ``edge_fragments`` setting is on, else ""."""
+    try:
+        value = ast.literal_eval(param)
+    except (ValueError, SyntaxError):
+        return ""
+    probability = value.get("probability", 0) if isinstance(value, dict) else 0
+    return f", edge fragments (p={probability:g})" if probability else ""
 
 
 def _parallel(params: dict[str, str]) -> str:
