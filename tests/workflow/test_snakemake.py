@@ -11,8 +11,8 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "lstm", "cnn", "ctc", "ctc_phone")  # trained (dnn_sp on speed-perturbed copies,
-# dnn_fmllr on speaker-adapted features)
+NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "lstm", "cnn", "ctc", "ctc_phone")  # trained (dnn_sp on
+# speed-perturbed copies, dnn_fmllr on speaker-adapted features, dnn_frag with edge fragments)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = pytest.mark.workflow
@@ -133,7 +133,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         errors[system] = summary["errors"]
         assert summary["n_ref_words"] == 232 and 0 < summary["rtf"] < 0.05, (system, summary)
         manifest = json.loads((res / "nnet" / "train" / system / "manifest.json").read_text())
-        learners = 2 if system == "dnn" else 1  # config/experiments/yesno.yaml: the dnn trains with two ring learners
+        learners = 2 if system in ("dnn", "dnn_frag") else 1  # yesno.yaml: these train with two ring learners
         assert manifest["world_size"] == learners and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
         assert saved["objective"] == ("ctc" if system.startswith("ctc") else "hybrid")
@@ -151,10 +151,14 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert list(adapted["splits"]) == ["train", "test"] and adapted["dim"] == 39  # no network reads train_sp adapted
     assert all(s["adapted"] == s["speakers"] == 1 for s in adapted["splits"].values())
     assert json.loads((res / "nnet" / "train" / "dnn_fmllr" / "manifest.json").read_text())["features"] == "fmllr"
-    # measured (README): 1 error each, the insertion at the start of 1_1_1_1_0_1_0_0, and 3 for ctc_phone;
-    # the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
+    # measured (README): 1 error each, the insertion at the start of 1_1_1_1_0_1_0_0, 3 for ctc_phone, 0 for
+    # dnn_frag; the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
     assert all(e <= 4 for e in errors.values()), errors
     assert min(errors.values()) <= 1, errors
+    # the dnn shown word fragments at its training utterances' edges reads the one at that file's start as silence
+    hyp_txt = res / "decode" / "dnn_frag" / "test" / "hyp.txt"
+    hyps = dict(line.split(" ", 1) for line in hyp_txt.read_text().splitlines())
+    assert hyps["1_1_1_1_0_1_0_0"] == "yes yes yes yes no yes no no", hyps["1_1_1_1_0_1_0_0"]
     ensemble = json.loads((res / "nnet" / "train" / ENSEMBLE / "manifest.json").read_text())
     members = [json.loads((res / "nnet" / "train" / m / "manifest.json").read_text()) for m in ("dnn", "lstm", "cnn")]
     assert ensemble["members"] == ["dnn", "lstm", "cnn"] and ensemble["parameters"] == sum(
@@ -166,6 +170,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         assert f"| {system} |" in table
     assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
+    assert "| dnn_frag | dnn | hybrid, edge fragments (p=1) |" in table
     assert "| sat_fmllr | gmm-hmm (sat) | ML, speaker-adaptive training, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
