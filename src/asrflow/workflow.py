@@ -143,15 +143,20 @@ def system_pattern(names: list[str] | tuple[str, ...]) -> str:
 
 
 def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones TLG."""
+    """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones
+    TLG; a CTC model with edge fragments the GMM (its alignments)."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
-    if model["objective"] == "hybrid":
-        ali = model_alignments(config, system)
-        inputs.update(gmm=f"{root}/gmm/{train}/{ali}", graph=f"{root}/graph/{train}/{ali}")
-        if model["type"] != "ensemble" and model_train(config, system)["speed_perturb"]:
+    trained = model["type"] != "ensemble"
+    fragments = trained and model_train(config, system)["edge_fragments"].get("probability", 0.0) > 0
+    ali = model_alignments(config, system)
+    if model["objective"] == "hybrid" or fragments:  # a CTC model cuts its edge fragments from the alignments
+        inputs["gmm"] = f"{root}/gmm/{train}/{ali}"
+        if trained and model_train(config, system)["speed_perturb"]:
             inputs["alignments"] = f"{root}/align/{train}/{ali}"
+    if model["objective"] == "hybrid":
+        inputs["graph"] = f"{root}/graph/{train}/{ali}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
     return inputs

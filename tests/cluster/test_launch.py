@@ -179,6 +179,22 @@ def test_edge_fragments_switched_off_changes_no_fingerprint(tmp_path) -> None:
     assert fingerprint[0] == fingerprint[1] != fingerprint[2]
 
 
+def test_a_ctc_model_with_edge_fragments_reads_the_alignments(tmp_path) -> None:
+    """CTC needs no GMM, unless it cuts edge fragments from the alignments (of the speed-perturbed copies too)."""
+    from asrflow.workflow import nnet_inputs, results_dir
+
+    on = {"edge_fragments": {"probability": 0.5}}
+    models = {"c": {"type": "cnn", "objective": "ctc"}, "cf": {"type": "cnn", "objective": "ctc", "train": on},
+              "cfs": {"type": "cnn", "objective": "ctc", "train": {**on, "speed_perturb": True}}}
+    config = make_config(tmp_path, audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]}, nnet={"models": models},
+                         evaluation={"systems": list(models)})
+    root = results_dir(config)
+    assert "gmm" not in nnet_inputs(config, "train", "c")
+    assert nnet_inputs(config, "train", "cf")["gmm"] == f"{root}/gmm/train/tri" and "graph" not in nnet_inputs(
+        config, "train", "cf")
+    assert nnet_inputs(config, "train", "cfs")["alignments"] == f"{root}/align/train/tri"
+
+
 def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:
     """decode.insertion_penalty 0 (the default) reruns no decode, fMLLR or tuning that ran before the key existed."""
     from asrflow.decode.decoder import gmm_decode_options

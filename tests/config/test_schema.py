@@ -66,11 +66,6 @@ def test_defaults_filled_deeply() -> None:
          "config key 'nnet.models.a': speed_perturb needs alignments of the speed-perturbed copies, which asrflow "
          "makes with mono or tri, not sat"),
         ({"experiment": "x", "corpus": {"name": "yesno"},
-          "nnet": {"models": {"c": {"type": "cnn", "objective": "ctc",
-                                    "train": {"edge_fragments": {"probability": 0.5}}}}},
-          "evaluation": {"systems": ["c"]}},
-         "config key 'nnet.models.c.train.edge_fragments': a hybrid augmentation"),
-        ({"experiment": "x", "corpus": {"name": "yesno"},
           "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat"}, "b": {"type": "dnn"},
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},
           "evaluation": {"systems": ["e"]}},

@@ -96,3 +96,15 @@ def test_training_batches_carry_the_fragments_reproducibly() -> None:
     assert torch.equal(batch["feats"], again["feats"]) and torch.equal(batch["targets"], again["targets"])
     assert not torch.equal(batch["lengths"], other_epoch["lengths"]) or not torch.equal(batch["feats"],
                                                                                        other_epoch["feats"])
+
+
+def test_a_label_sequence_is_kept_when_fragments_are_added() -> None:
+    """CTC: the fragment frames get no label (the network is to write blank there)."""
+    phones = alignments()
+    data = Utterances(phones, {"a": "s1", "b": "s1", "c": "s1"})
+    fragments = EdgeFragments([(u, s) for u, _, s, _ in data.items], speech_frames(phones, {"SIL"}), 1.0, 30,
+                              frame_targets=False)
+    utt, feats, _ = data[1]
+    labels = torch.tensor([4, 2])
+    out = fragments.apply(data, (utt, feats, labels), np.random.default_rng(0))
+    assert len(out[1]) > len(feats) and torch.equal(out[2], labels)

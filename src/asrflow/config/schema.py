@@ -184,10 +184,6 @@ def _check_systems(config: dict[str, Any]) -> None:
     for name, model in models.items():
         _check_ensemble(name, model, models)
         _check_speed_perturb(config, name)
-        if model.get("objective") == "ctc" and model.get("train", {}).get("edge_fragments", {}).get("probability"):
-            raise ConfigError(f"config key 'nnet.models.{name}.train.edge_fragments': a hybrid augmentation "
-                              f"(fragments labelled with silence states); {name} is a CTC model (nnet.train's "
-                              f"setting applies to the hybrids only)")
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):

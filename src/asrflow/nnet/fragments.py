@@ -2,15 +2,16 @@
 
 Recordings cut out of a longer session often begin inside the tail of the word before them
 or end on the onset of the word after, and their transcripts name neither fragment (the
-Kaldi yes/no test file ``1_1_1_1_0_1_0_0`` opens with 200 ms of a "ken" without its /k/). A
+Kaldi yes/no test file ``1_1_1_1_0_1_0_0`` opens with 270 ms of a "ken" without its /k/). A
 network trained only on utterances that start and end in clean silence reads such a piece
 as its word's phones, and the decoder then outputs a whole word for it. This augmentation
 shows the network such pieces as what the transcripts make them, silence: with probability
 ``probability`` per training utterance and epoch, the last 5 to ``max_frames`` frames of a
 word (cut at the end of a word of a training utterance of the same speaker, from the
 GMM alignment) are put before the utterance, and independently, the first frames of a word
-after it. The added frames take the utterance's own first (last) frame label, a state of
-the silence phone. Only utterances that begin (end) in silence are extended on that side.
+after it. For a hybrid the added frames take the utterance's own first (last) frame label,
+a state of the silence phone; a CTC model's label sequence stays as it is (the fragment is
+blank). Only utterances whose alignment begins (ends) in silence are extended on that side.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class EdgeFragments:
     """
 
     def __init__(self, utterances: list[tuple[str, str]], speech: dict[str, np.ndarray], probability: float,
-                 max_frames: int) -> None:
+                 max_frames: int, frame_targets: bool = True) -> None:
         self.probability, self.max_frames = probability, max(max_frames, MIN_FRAMES)
+        self.frame_targets = frame_targets
         self.speech = speech
         self.spans = {utt: word_spans(speech[utt]) for utt, _ in utterances if utt in speech}
         by_speaker: dict[str, list[int]] = defaultdict(list)
@@ -68,7 +70,10 @@ class EdgeFragments:
 
     def apply(self, dataset, item: tuple[str, torch.Tensor, torch.Tensor], rng: np.random.Generator
               ) -> tuple[str, torch.Tensor, torch.Tensor]:
-        """``item`` (utterance, features, frame targets) with fragments added at either edge, or as it was."""
+        """``item`` (utterance, features, targets) with fragments added at either edge, or as it was.
+
+        Frame targets get the edge frame's label for each added frame; a label sequence (CTC) is kept.
+        """
         utt, feats, target = item
         speech = self.speech.get(utt)
         before = rng.random() < self.probability
@@ -82,4 +87,4 @@ class EdgeFragments:
         if after and not speech[-1] and (piece := self._piece(dataset, utt, rng, tail=False)) is not None:
             parts.append(piece)
             labels.append(target[-1:].expand(len(piece)))
-        return utt, torch.cat(parts), torch.cat(labels)
+        return utt, torch.cat(parts), torch.cat(labels) if self.frame_targets else target

@@ -162,14 +162,18 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
 
     train_set, valid_set = dataset(source, train_utts), dataset(train_split, valid_utts)
     fragments = model_train(config, system)["edge_fragments"]
-    if model["objective"] == "hybrid" and fragments.get("probability", 0.0) > 0:
-        train_set.fragments = edge_fragments(train_set, Path(alignments) if perturbed else Path(gmm_dir),
-                                             lang_dir, fragments)
+    if fragments.get("probability", 0.0) > 0:
+        ali_dir = alignments if perturbed else gmm_dir
+        if ali_dir is None or not (Path(ali_dir) / "ali" / "phones.txt").is_file():
+            raise NnetError(f"{system!r} trains with edge_fragments, which cuts word pieces from the frame "
+                            f"alignments: --{'alignments' if perturbed else 'gmm'} must be a folder with "
+                            f"ali/phones.txt (got {ali_dir})")
+        train_set.fragments = edge_fragments(train_set, Path(ali_dir), lang_dir, fragments, targets.frame_level)
     return targets, train_set, valid_set, {**train_set.rejected, **valid_set.rejected}
 
 
 def edge_fragments(train_set: FeatureDataset, ali_dir: Path, lang_dir: str | Path | None,
-                   settings: dict[str, Any]) -> EdgeFragments:
+                   settings: dict[str, Any], frame_targets: bool = True) -> EdgeFragments:
     """The edge-fragment augmentation of ``train_set`` (``nnet.train.edge_fragments``), its word spans from the
     frame phones of the alignments in ``ali_dir`` and the silence phones of ``lang_dir``."""
     lang = Path(lang_dir) if lang_dir is not None else None
@@ -180,7 +184,7 @@ def edge_fragments(train_set: FeatureDataset, ali_dir: Path, lang_dir: str | Pat
     phones = {utt: seq.split() for utt, seq in read_table(ali_dir / "ali" / "phones.txt").items()}
     utterances = [(utt, spk) for utt, _, spk, _ in train_set.items]
     return EdgeFragments(utterances, speech_frames(phones, silence), settings["probability"],
-                         settings.get("max_frames", 30))
+                         settings.get("max_frames", 30), frame_targets)
 
 
 def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
