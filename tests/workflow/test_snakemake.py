@@ -49,7 +49,7 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
     assert scores["sat_fmllr"]["errors"] <= 1, scores["sat_fmllr"]  # trained on them (yesno: one speaker)
     sat = json.loads((res / "fmllr" / "train" / "sat" / "manifest.json").read_text())
     assert sat["started_from"] == "results/yesno/fmllr/train/tri" and sat["splits"]["test"]["adapted"] == 1
-    assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: see README results
+    assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: see docs/results.md
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31
     pdfs = (res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt").read_text().splitlines()
@@ -151,7 +151,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert list(adapted["splits"]) == ["train", "test"] and adapted["dim"] == 39  # no network reads train_sp adapted
     assert all(s["adapted"] == s["speakers"] == 1 for s in adapted["splits"].values())
     assert json.loads((res / "nnet" / "train" / "dnn_fmllr" / "manifest.json").read_text())["features"] == "fmllr"
-    # measured (README): 1 error each, the insertion at the start of 1_1_1_1_0_1_0_0, 3 for ctc_phone, 0 for
+    # measured (docs/results.md): 1 error each, the insertion at the start of 1_1_1_1_0_1_0_0, 3 for ctc_phone, 0 for
     # dnn_frag; the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
     assert all(e <= 4 for e in errors.values()), errors
     assert min(errors.values()) <= 1, errors
