@@ -1,4 +1,4 @@
-"""Edge-fragment augmentation for hybrid training: pieces of words at utterance edges, labelled as silence.
+"""Edge-fragment augmentation: pieces of words put at training utterances' edges, to be read as silence.
 
 Recordings cut out of a longer session often begin inside the tail of the word before them
 or end on the onset of the word after, and their transcripts name neither fragment (the

@@ -54,7 +54,7 @@ class TrainOptions:
     amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
-    edge_fragments: dict = field(default_factory=dict)  # probability, max_frames (hybrid; nnet/fragments.py)
+    edge_fragments: dict = field(default_factory=dict)  # probability, max_frames (nnet/fragments.py)
     prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
     deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
     seed: int = 0
