@@ -149,7 +149,7 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
     inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
     trained = model["type"] != "ensemble"
-    fragments = trained and model_train(config, system)["edge_fragments"].get("probability", 0.0) > 0
+    fragments = trained and model_train(config, system)["edge_fragments"]["probability"] > 0
     ali = model_alignments(config, system)
     if model["objective"] == "hybrid" or fragments:  # a CTC model cuts its edge fragments from the alignments
         inputs["gmm"] = f"{root}/gmm/{train}/{ali}"

@@ -16,6 +16,20 @@ def test_defaults_filled_deeply() -> None:
     assert config["results_dir"] == "results"
 
 
+def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None:
+    """A model's ``train.specaugment`` / ``train.edge_fragments`` names only what it changes; the rest stays."""
+    from asrflow.config import model_train
+
+    config = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "nnet": {
+        "train": {"specaugment": {"freq_width": 4}},
+        "models": {"d": {"type": "dnn", "train": {"lr": 0.01, "edge_fragments": {"probability": 0.5},
+                                                   "specaugment": {"freq_masks": 2}}}}}})
+    train = model_train(config, "d")
+    assert train["lr"] == 0.01 and train["edge_fragments"] == {"probability": 0.5, "max_frames": 30}
+    assert train["specaugment"]["freq_masks"] == 2 and train["specaugment"]["freq_width"] == 4
+    assert train["specaugment"]["time_width"] == 20
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [

@@ -215,8 +215,17 @@ def _check_systems(config: dict[str, Any]) -> None:
 
 
 def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
-    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides."""
-    return {**config["nnet"]["train"], **config["nnet"]["models"][system].get("train", {})}
+    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides.
+
+    A nested section (``specaugment``, ``edge_fragments``) is overlaid key by key, so an override
+    names only what it changes and the rest keeps ``nnet.train``'s values (and their defaults).
+    """
+    base = config["nnet"]["train"]
+    merged = dict(base)
+    for key, value in config["nnet"]["models"][system].get("train", {}).items():
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = {**base[key], **value} if nested else value
+    return merged
 
 
 def model_features(config: Mapping[str, Any], system: str) -> str:

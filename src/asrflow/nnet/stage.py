@@ -162,7 +162,7 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
 
     train_set, valid_set = dataset(source, train_utts), dataset(train_split, valid_utts)
     fragments = model_train(config, system)["edge_fragments"]
-    if fragments.get("probability", 0.0) > 0:
+    if fragments["probability"] > 0:
         ali_dir = alignments if perturbed else gmm_dir
         if ali_dir is None or not (Path(ali_dir) / "ali" / "phones.txt").is_file():
             raise NnetError(f"{system!r} trains with edge_fragments, which cuts word pieces from the frame "
@@ -184,7 +184,7 @@ def edge_fragments(train_set: FeatureDataset, ali_dir: Path, lang_dir: str | Pat
     phones = {utt: seq.split() for utt, seq in read_table(ali_dir / "ali" / "phones.txt").items()}
     utterances = [(utt, spk) for utt, _, spk, _ in train_set.items]
     return EdgeFragments(utterances, speech_frames(phones, silence), settings["probability"],
-                         settings.get("max_frames", 30), frame_targets)
+                         settings["max_frames"], frame_targets)
 
 
 def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,

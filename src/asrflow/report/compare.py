@@ -10,7 +10,6 @@ differ only in a network's width show it in the table.
 from __future__ import annotations
 
 import ast
-
 import csv
 import io
 from dataclasses import dataclass, field
