@@ -287,6 +287,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
         run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
                          "held_out_words": info["words"], "grid_points": len(info["grid"])})
+        if "edge_fragments" in info:
+            run.log_metrics({"edge_fragment_errors": info["edge_fragments"]["errors"],
+                             "edge_fragment_wer": info["edge_fragments"]["wer"]})
         run.log_artifact(args.out)
         # the pyfunc model, decoding with the tuned settings (as the test sets are decoded)
         _log_model(run, bundle_files(config, args.system, Path(args.model), Path(args.features), args.train,

@@ -194,16 +194,19 @@ def ensemble_inputs(config: dict[str, Any], train: str, system: str) -> dict[str
 
 
 def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of tuning network ``system``'s decoder: the network and what it was trained with."""
-    inputs = nnet_inputs(config, train, system)
-    inputs["model"] = f"{results_dir(config)}/nnet/{train}/{system}"
+    """Inputs of tuning network ``system``'s decoder: the network and what it was trained with, and a GMM
+    (its alignments) for the edge-fragment check when that is on."""
+    inputs = {**nnet_inputs(config, train, system), "model": f"{results_dir(config)}/nnet/{train}/{system}"}
+    if config["nnet"]["decode"]["tune"]["edge_fragments"]["enabled"] and "gmm" not in inputs:
+        inputs["gmm"] = f"{results_dir(config)}/gmm/{train}/{model_alignments(config, system)}"
     return inputs
 
 
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
-    """Inputs of decoding ``test`` with network ``system``: the tune inputs, and the tuned settings when enabled."""
+    """Inputs of decoding ``test`` with network ``system``: the network, what it was trained with, and the
+    tuned settings when tuning is on."""
     train = train_split(test)
-    inputs = nnet_tune_inputs(config, train, system)
+    inputs = {**nnet_inputs(config, train, system), "model": f"{results_dir(config)}/nnet/{train}/{system}"}
     if config["nnet"]["decode"]["tune"]["enabled"]:
         inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
     return inputs

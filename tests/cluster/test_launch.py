@@ -195,6 +195,20 @@ def test_a_ctc_model_with_edge_fragments_reads_the_alignments(tmp_path) -> None:
     assert nnet_inputs(config, "train", "cfs")["alignments"] == f"{root}/align/train/tri"
 
 
+def test_tuning_a_ctc_model_reads_the_alignments_for_the_edge_fragment_check(tmp_path) -> None:
+    """The tune stage's edge-fragment check cuts word pieces from the GMM's alignments; decoding does not need them."""
+    from asrflow.workflow import nnet_decode_inputs, nnet_tune_inputs, results_dir
+
+    models = {"c": {"type": "cnn", "objective": "ctc"}}
+    config = make_config(tmp_path, nnet={"models": models}, evaluation={"systems": list(models)})
+    root = results_dir(config)
+    assert nnet_tune_inputs(config, "train", "c")["gmm"] == f"{root}/gmm/train/tri"
+    assert "gmm" not in nnet_decode_inputs(config, "test", "c")
+    off = make_config(tmp_path, nnet={"models": models, "decode": {"tune": {"edge_fragments": {"enabled": False}}}},
+                      evaluation={"systems": list(models)})
+    assert "gmm" not in nnet_tune_inputs(off, "train", "c")
+
+
 def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:
     """decode.insertion_penalty 0 (the default) reruns no decode, fMLLR or tuning that ran before the key existed."""
     from asrflow.decode.decoder import gmm_decode_options

@@ -45,3 +45,17 @@ def test_the_objective_names_the_training_data_and_augmentation() -> None:
     header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c"], ["test"]), ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
     assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid"]
+
+
+def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> None:
+    """The tune stage's held-out WER and the edge-fragment check's are columns; a GMM leaves them empty."""
+    runs = [
+        _run("gmm-tri-train", 1, {"seconds": 2.0}),
+        _run("nnet-dnn-train", 2, {}, {"nnet.models.dnn.type": "dnn"}),
+        _run("tune-dnn-train", 3, {"held_out_wer": 0.02, "edge_fragment_wer": 0.125}),
+        _run("tune-dnn-loso_a_train", 4, {"held_out_wer": 0.5, "edge_fragment_wer": 0.5}),  # another split's
+    ]
+    header, body = table(system_rows(latest_by_stage(runs), ["tri", "dnn"], ["test"]), ["test"])
+    tri, dnn = (dict(zip(header, line)) for line in body)
+    assert dnn["held-out WER %"] == "2.00" and dnn["held-out + edge fragments WER %"] == "12.50"
+    assert tri["held-out WER %"] == "" and tri["held-out + edge fragments WER %"] == ""

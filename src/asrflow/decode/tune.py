@@ -14,6 +14,14 @@ One forward pass per shard serves the whole grid. Held-out sets are small, so se
 settings often tie on errors; the tie goes to the setting whose grid neighbours make the
 fewest errors, and then to the middle of what is still tied (a flat optimum's centre rather
 than its edge).
+
+Held-out utterances begin and end in clean silence, unlike files cut out of a longer
+recording, whose edges can fall inside a word their transcript does not name. With
+``nnet.decode.tune.edge_fragments`` the held-out utterances are decoded once more, with the
+chosen setting, each given the tail of a word before it and the onset of one after it (from
+other held-out utterances of its speaker, cut at word boundaries of the GMM alignment, as
+``nnet.train.edge_fragments`` does in training); the errors this adds measure how readily a
+network turns a piece of a word into a word, without looking at the test sets.
 """
 
 from __future__ import annotations
@@ -106,13 +114,65 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
             "words": sum(len(t.split()) for t in refs.values()), "axes": list(axes),
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
+    check = dcfg["tune"]["edge_fragments"]
+    if check["enabled"]:
+        if gmm_dir is None:
+            raise NnetError(f"nnet.decode.tune.edge_fragments cuts word pieces from a GMM's alignments: pass --gmm "
+                            f"to tune {system}, or set enabled: false")
+        frag_shards, added = fragment_shards(shards, gmm_dir, lang_dir, check["max_frames"], config["seed"],
+                                             out / "edge_fragments")
+        _, frag_results = decode_network(config, system, net_dir, lang_dir, frag_shards, client, [points[best]],
+                                         gmm_dir, graph_dir, desc=f"tune-{system}-edge-fragments")
+        hyps = hypotheses(frag_results, 0)
+        summary, _ = score_corpus(refs, hyps)
+        info["edge_fragments"] = {"max_frames": check["max_frames"], "errors": summary["errors"],
+                                  "wer": summary["wer"], "ins": summary["ins"], "utterances": [
+                                      {**a, "reference": refs[a["utterance"]], "hypothesis": hyps.get(a["utterance"], "")}
+                                      for a in added]}
     (out / "tune.json").write_text(json.dumps(info, indent=2) + "\n")
     (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
         "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
     log(f"{system}: {len(points)} decoder settings on {info['utterances']} held-out utterances "
         f"({info['words']} words): errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
         f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")
+    if "edge_fragments" in info:
+        frag = info["edge_fragments"]
+        log(f"{system}: the same utterances with word fragments at their edges (up to {frag['max_frames']} frames): "
+            f"{frag['errors']} errors ({frag['ins']} insertions), WER {100 * frag['wer']:.2f} %")
     return info
+
+
+def fragment_shards(shards: list, ali_dir: str | Path, lang_dir: str | Path, max_frames: int, seed: int,
+                    out_dir: Path) -> tuple[list, list[dict[str, Any]]]:
+    """``shards`` with every utterance given a word fragment at each edge that lies in silence.
+
+    The pieces come from the other utterances of the same speaker in ``shards`` (any utterance
+    when a speaker has one); their features are written to ``out_dir/feats.ark``. Returns the
+    new shards and, per utterance, the frames added before and after it.
+    """
+    from dataclasses import replace
+
+    import torch
+
+    from asrflow.features.ark import load, write_ark
+    from asrflow.nnet.fragments import EdgeFragments, alignment_speech
+
+    items = [(utt, spk, value) for s in shards for utt, spk, value in zip(s.utts, s.speakers, s.feats)]
+    feats = [(utt, torch.tensor(load(value), dtype=torch.float32), None) for utt, _, value in items]
+    fragments = EdgeFragments([(utt, spk) for utt, spk, _ in items], alignment_speech(ali_dir, lang_dir), 1.0,
+                              max_frames, frame_targets=False)
+    rng = np.random.default_rng(seed)
+    extended, added = [], []
+    for utt, matrix, _ in feats:
+        head, tail = fragments.pieces(feats, utt, rng)
+        parts = [p for p in (head, matrix, tail) if p is not None]
+        extended.append((utt, torch.cat(parts).numpy()))
+        added.append({"utterance": utt, "before": 0 if head is None else len(head),
+                      "after": 0 if tail is None else len(tail)})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ark = (out_dir / "feats.ark").resolve()
+    values = dict(line.split(" ", 1) for line in write_ark(ark, extended))
+    return [replace(s, key=f"{ark}/{i}", feats=tuple(values[u] for u in s.utts)) for i, s in enumerate(shards)], added
 
 
 def tuned_settings(tune_dir: str | Path | None) -> dict[str, float]:

@@ -17,9 +17,14 @@ blank). Only utterances whose alignment begins (ends) in silence are extended on
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from asrflow.data.datadir import read_table
+from asrflow.lang.graph import read_symbols
+from asrflow.nnet import NnetError
 
 MIN_FRAMES = 5
 
@@ -27,6 +32,21 @@ MIN_FRAMES = 5
 def speech_frames(phones: dict[str, list[str]], silence: set[str]) -> dict[str, np.ndarray]:
     """Per utterance, whether each frame of its alignment lies inside a word (its phone is not silence)."""
     return {utt: np.asarray([p not in silence for p in seq], dtype=bool) for utt, seq in phones.items()}
+
+
+def alignment_speech(ali_dir: str | Path, lang_dir: str | Path | None) -> dict[str, np.ndarray]:
+    """:func:`speech_frames` of the frame phones in ``ali_dir/ali/phones.txt`` (a GMM or align stage folder),
+    with the silence phones of ``lang_dir``."""
+    lang = Path(lang_dir) if lang_dir is not None else None
+    if lang is None or not (lang / "silence.int").is_file():
+        raise NnetError(f"edge fragments need the lang folder (--lang) for its silence phones (got {lang_dir})")
+    ali = Path(ali_dir) / "ali" / "phones.txt"
+    if not ali.is_file():
+        raise NnetError(f"edge fragments are cut from frame alignments, and {ali} does not exist: "
+                        "pass the GMM (--gmm) whose alignments cover these utterances")
+    symbols = {i: p for p, i in read_symbols(lang / "phones.txt").items()}
+    silence = {symbols[int(i)] for i in (lang / "silence.int").read_text().split()}
+    return speech_frames({utt: seq.split() for utt, seq in read_table(ali).items()}, silence)
 
 
 def word_spans(speech: np.ndarray) -> list[tuple[int, int]]:
@@ -68,6 +88,17 @@ class EdgeFragments:
         length = min(int(rng.integers(MIN_FRAMES, self.max_frames + 1)), end - start)
         return feats[end - length:end] if tail else feats[start:start + length]
 
+    def pieces(self, dataset, utt: str, rng: np.random.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The fragments drawn for ``utt``'s start and end (None: that edge stays as it is)."""
+        speech = self.speech.get(utt)
+        before = rng.random() < self.probability
+        after = rng.random() < self.probability
+        if speech is None or not len(speech):
+            return None, None
+        head = self._piece(dataset, utt, rng, tail=True) if before and not speech[0] else None
+        tail = self._piece(dataset, utt, rng, tail=False) if after and not speech[-1] else None
+        return head, tail
+
     def apply(self, dataset, item: tuple[str, torch.Tensor, torch.Tensor], rng: np.random.Generator
               ) -> tuple[str, torch.Tensor, torch.Tensor]:
         """``item`` (utterance, features, targets) with fragments added at either edge, or as it was.
@@ -75,16 +106,14 @@ class EdgeFragments:
         Frame targets get the edge frame's label for each added frame; a label sequence (CTC) is kept.
         """
         utt, feats, target = item
-        speech = self.speech.get(utt)
-        before = rng.random() < self.probability
-        after = rng.random() < self.probability
-        if speech is None or not len(speech):
+        head, tail = self.pieces(dataset, utt, rng)
+        if head is None and tail is None:
             return item
         parts, labels = [feats], [target]
-        if before and not speech[0] and (piece := self._piece(dataset, utt, rng, tail=True)) is not None:
-            parts.insert(0, piece)
-            labels.insert(0, target[:1].expand(len(piece)))
-        if after and not speech[-1] and (piece := self._piece(dataset, utt, rng, tail=False)) is not None:
-            parts.append(piece)
-            labels.append(target[-1:].expand(len(piece)))
+        if head is not None:
+            parts.insert(0, head)
+            labels.insert(0, target[:1].expand(len(head)))
+        if tail is not None:
+            parts.append(tail)
+            labels.append(target[-1:].expand(len(tail)))
         return utt, torch.cat(parts), torch.cat(labels) if self.frame_targets else target

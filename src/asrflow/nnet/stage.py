@@ -30,10 +30,9 @@ import torch
 from asrflow.config import model_alignments, model_features, model_train
 from asrflow.data.datadir import read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
-from asrflow.lang.graph import read_symbols
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
-from asrflow.nnet.fragments import EdgeFragments, speech_frames
+from asrflow.nnet.fragments import EdgeFragments, alignment_speech
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.train import TrainOptions, train
 from asrflow.nnet.units import PhoneUnits, Units
@@ -176,14 +175,8 @@ def edge_fragments(train_set: FeatureDataset, ali_dir: Path, lang_dir: str | Pat
                    settings: dict[str, Any], frame_targets: bool = True) -> EdgeFragments:
     """The edge-fragment augmentation of ``train_set`` (``nnet.train.edge_fragments``), its word spans from the
     frame phones of the alignments in ``ali_dir`` and the silence phones of ``lang_dir``."""
-    lang = Path(lang_dir) if lang_dir is not None else None
-    if lang is None or not (lang / "silence.int").is_file():
-        raise NnetError(f"edge_fragments needs the lang folder (--lang) for its silence phones (got {lang_dir})")
-    symbols = {i: p for p, i in read_symbols(lang / "phones.txt").items()}
-    silence = {symbols[int(i)] for i in (lang / "silence.int").read_text().split()}
-    phones = {utt: seq.split() for utt, seq in read_table(ali_dir / "ali" / "phones.txt").items()}
     utterances = [(utt, spk) for utt, _, spk, _ in train_set.items]
-    return EdgeFragments(utterances, speech_frames(phones, silence), settings["probability"],
+    return EdgeFragments(utterances, alignment_speech(ali_dir, lang_dir), settings["probability"],
                          settings["max_frames"], frame_targets)
 
 

@@ -2,7 +2,9 @@
 
 One row per system: the settings that differ between systems, WER and SER on each test
 set (and the mean over leave-one-speaker-out folds when there are any), training time and
-throughput on the first test set's training split, mean decoding RTF and parameter count. The model,
+throughput on the first test set's training split, mean decoding RTF and parameter count; for
+networks, the WER of the tune stage on their held-out utterances, plain and with word
+fragments at their edges (``nnet.decode.tune.edge_fragments``). The model,
 objective and size settings come from the training run's params, so two experiments that
 differ only in a network's width show it in the table.
 """
@@ -21,6 +23,8 @@ from asrflow.tracking.query import RunRecord
 #: the gmm.<system> settings shown for a GMM system (and its <system>_fmllr decoding)
 GMM_SIZES = {"mono": ("gaussians",), "tri": ("leaves", "gaussians"), "sat": ("leaves", "gaussians")}
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
+#: the tune stage's figures (held-out utterances, the chosen decoder setting), as columns
+TUNED_COLUMNS = {"held_out_wer": "held-out WER %", "fragment_wer": "held-out + edge fragments WER %"}
 NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
               "subsampling", "units", "vocab_size", "members", "combine")
 
@@ -36,6 +40,8 @@ class SystemRow:
     parameters: float | None = None
     frames_per_second: float | None = None  # training throughput (networks)
     frame_accuracy: float | None = None  # best held-out frame accuracy (hybrid networks)
+    held_out_wer: float | None = None  # the tune stage's: its held-out utterances, with the chosen setting
+    fragment_wer: float | None = None  # the same utterances with word fragments at their edges
     step_times: dict[str, float] = field(default_factory=dict)  # mean t_calc, t_transmit, t_merge, bytes (learners > 1)
     run_id: str | None = None  # the training run (for its curves)
 
@@ -110,6 +116,9 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
             row.frames_per_second = training.metrics.get("mean_frames_per_second")
             row.run_id = training.run_id
             row.frame_accuracy = training.metrics.get("best_valid_frame_accuracy")
+            if tune := latest.get(f"tune-{system}-{main_train}"):
+                row.held_out_wer = tune.metrics.get("held_out_wer")
+                row.fragment_wer = tune.metrics.get("edge_fragment_wer")
             if training.params.get("nnet.parallel.effective.learners", "1") != "1":
                 row.step_times = {k: training.metrics[f"mean_{k}"] for k in PARALLEL_TIMES
                                   if f"mean_{k}" in training.metrics}
@@ -129,13 +138,14 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
     """Header and body of the comparison (numbers formatted; WER/SER in %)."""
     settings = ["model", "objective", "sizes"] + (["parallel"] if any(r.settings.get("parallel") for r in rows) else [])
     accuracy = any(r.frame_accuracy is not None for r in rows)
+    tuned = [k for k in ("held_out_wer", "fragment_wer") if any(getattr(r, k) is not None for r in rows)]
     parallel = [k for k in PARALLEL_TIMES if any(k in r.step_times for r in rows)]
     loso = [t for t in tests if t.startswith("loso_")]
     header = ["system", *settings, *[f"WER {t}" for t in tests]]
     if len(loso) > 1:
         header.append("WER LOSO mean")
     header += [f"SER {t}" for t in tests] + ["train s", "train frames/s", "decode RTF", "parameters"]
-    header += (["held-out frame acc %"] if accuracy else []) + [
+    header += (["held-out frame acc %"] if accuracy else []) + [TUNED_COLUMNS[k] for k in tuned] + [
         "bytes/step" if k == "bytes_per_step" else f"{k.replace('t_', 'T_')} ms" for k in parallel]
     body = []
     for r in rows:
@@ -151,6 +161,7 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
         line.append(f"{int(r.parameters):,}" if r.parameters is not None else "")
         if accuracy:
             line.append(f"{100 * r.frame_accuracy:.2f}" if r.frame_accuracy is not None else "")
+        line += [f"{100 * getattr(r, k):.2f}" if getattr(r, k) is not None else "" for k in tuned]
         line += [("" if k not in r.step_times else f"{r.step_times[k]:,.0f}" if k == "bytes_per_step"
                   else f"{1000 * r.step_times[k]:.2f}") for k in parallel]
         body.append(line)
