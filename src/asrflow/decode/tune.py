@@ -15,11 +15,16 @@ settings often tie on errors; the tie goes to the setting whose grid neighbours 
 fewest errors, and then to the middle of what is still tied (a flat optimum's centre rather
 than its edge).
 
+The held-out transcripts belong to the training split, so the lang folder's LM has seen
+them; on sentence prompts (Asterisk) it then favours an LM weight far stronger than the
+test sets, whose sentences it has not seen, want. Tuning therefore decodes with an LM
+estimated without them (same vocabulary and lexicon) and its own HCLG or TLG.
+
 Held-out utterances begin and end in clean silence, unlike files cut out of a longer
 recording, whose edges can fall inside a word their transcript does not name. With
 ``nnet.decode.tune.edge_fragments`` the held-out utterances are decoded once more, with the
 chosen setting, each given the tail of a word before it and the onset of one after it (from
-other held-out utterances of its speaker, cut at word boundaries of the GMM alignment, as
+held-out utterances of its speaker, cut at word boundaries of the GMM alignment, as
 ``nnet.train.edge_fragments`` does in training); the errors this adds measure how readily a
 network turns a piece of a word into a word, without looking at the test sets.
 """
@@ -85,9 +90,10 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     """Decode network ``system``'s held-out utterances over the tuning grid; write ``tune.json`` and ``grid.tsv``.
 
     ``tune.json`` holds ``chosen`` (the settings the test sets are decoded with), its held-out
-    errors and WER, and the whole grid.
+    errors and WER, and the whole grid. The held-out utterances are decoded with an LM estimated
+    without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
-    from asrflow.decode.stage import decode_network, decoder_kind
+    from asrflow.decode.stage import decode_network, decoder_kind, make_graph
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
     from asrflow.nnet.stage import held_out_utterances
@@ -96,12 +102,20 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     out.mkdir(parents=True, exist_ok=True)
     dcfg = config["nnet"]["decode"]
     objective = config["nnet"]["models"][system]["objective"]
-    axes = AXES[decoder_kind(config["nnet"]["models"][system])]
+    kind = decoder_kind(config["nnet"]["models"][system])
+    axes = AXES[kind]
     points = grid_points(dcfg["tune"], axes)
     held_out = held_out_utterances(config, data_dir, train_split)
     shards = split_shards(data_dir, feats_dir, lang_dir, train_split, dcfg["shard_utts"], deltas=0, only=held_out)
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
+    # the LM and graph without the held-out transcripts (the test sets' are not in the LM either)
+    lang_dir = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
+    if kind == "hclg" and gmm_dir is None:
+        raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
+    if kind != "prefix":
+        make_graph(lang_dir, gmm_dir if kind == "hclg" else None, out / "graph", log=log)
+        graph_dir = out / "graph"
     _, results = decode_network(config, system, net_dir, lang_dir, shards, client, points, gmm_dir, graph_dir,
                                 desc=f"tune-{system}")
     texts = read_table(Path(data_dir) / train_split / "text")
@@ -140,6 +154,25 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
         log(f"{system}: the same utterances with word fragments at their edges (up to {frag['max_frames']} frames): "
             f"{frag['errors']} errors ({frag['ins']} insertions), WER {100 * frag['wer']:.2f} %")
     return info
+
+
+def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | Path, train_split: str,
+                  held_out: set[str], out_dir: Path) -> Path:
+    """A copy of ``lang_dir`` whose LM (``lm.arpa``, ``G.fst``) is estimated without the transcripts of the
+    ``held_out`` utterances (same vocabulary and lexicon), so tuning does not decode sentences the LM has seen."""
+    import shutil
+
+    from asrflow.lang.stage import write_grammar
+
+    lang, out = Path(lang_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in lang.iterdir():
+        if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json"):
+            shutil.copyfile(path, out / path.name)
+    texts = read_table(Path(data_dir) / train_split / "text")
+    vocabulary = sorted({w for t in texts.values() for w in t.split()})
+    write_grammar([t for u, t in texts.items() if u not in held_out], vocabulary, config["lang"]["lm_order"], out)
+    return out
 
 
 def fragment_shards(shards: list, ali_dir: str | Path, lang_dir: str | Path, max_frames: int, seed: int,

@@ -19,6 +19,15 @@ from asrflow.lang.lm import KneserNeyLM
 from asrflow.lang.symbols import add_disambig, lexicon_fst_text, phone_table, topology_text, word_table, write_table
 
 
+def write_grammar(texts: list[str], vocabulary: list[str], order: int, out: Path) -> KneserNeyLM:
+    """Estimate the n-gram LM of ``texts`` over ``vocabulary``; write ``lm.arpa`` and ``G.fst`` (over
+    ``out/words.txt``) into ``out``."""
+    lm = KneserNeyLM([t.split() for t in texts], order, vocabulary=vocabulary)
+    lm.write_arpa(out / "lm.arpa")
+    compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
+    return lm
+
+
 def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests: list[str],
                  out_dir: str | Path, log=print) -> dict[str, Any]:
     """Build the lang dir for training split ``train``; report OOV rates of ``tests``."""
@@ -54,9 +63,7 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     lex_d.write(str(out / "L_disambig.fst"))
     # <unk> enters the LM only through training transcripts that contain it: an untrained
     # spoken-noise model with a floor probability only produces insertions.
-    lm = KneserNeyLM([t.split() for t in texts], lcfg["lm_order"], vocabulary=vocabulary)
-    lm.write_arpa(out / "lm.arpa")
-    compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
+    lm = write_grammar(texts, vocabulary, lcfg["lm_order"], out)
     vocab_set = set(vocabulary)
     report: dict[str, Any] = {
         "train": train, "lexicon": lcfg["lexicon"], "words": len(vocabulary), "phones": len(nonsilence),
