@@ -179,8 +179,8 @@ def fragment_shards(shards: list, ali_dir: str | Path, lang_dir: str | Path, max
                     out_dir: Path) -> tuple[list, list[dict[str, Any]]]:
     """``shards`` with every utterance given a word fragment at each edge that lies in silence.
 
-    The pieces come from the other utterances of the same speaker in ``shards`` (any utterance
-    when a speaker has one); their features are written to ``out_dir/feats.ark``. Returns the
+    The pieces come from the utterances of the same speaker in ``shards``, itself included (any
+    utterance when a speaker has one), drawn from ``seed``; their features are written to ``out_dir/feats.ark``. Returns the
     new shards and, per utterance, the frames added before and after it.
     """
     from dataclasses import replace
