@@ -141,6 +141,13 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         assert tune["utterances"] == manifest["valid_utterances"] and tune["chosen"] in [
             {k: g[k] for k in tune["axes"]} for g in tune["grid"]]
+        # the edge-fragment check: every held-out utterance decoded again, pieces at its silent edges
+        check = tune["edge_fragments"]
+        assert [u["utterance"] for u in check["utterances"]] == sorted(u["utterance"] for u in check["utterances"])
+        assert len(check["utterances"]) == tune["utterances"] and check["errors"] >= check["ins"] >= 0
+        assert all(u["before"] <= 30 and u["after"] <= 30 for u in check["utterances"]), check
+        assert sum(u["before"] + u["after"] for u in check["utterances"]) >= 5 * len(check["utterances"]), check
+        assert (res / "tune" / "train" / system / "lang" / "G.fst").is_file()  # the LM without the held-out texts
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     plain, sp = (json.loads((res / "nnet" / "train" / s / "manifest.json").read_text()) for s in ("dnn", "dnn_sp"))
@@ -171,6 +178,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
     assert "| dnn_frag | dnn | hybrid, edge fragments (p=1) |" in table
+    assert "| held-out WER % | held-out + edge fragments WER % |" in table
     assert "| sat_fmllr | gmm-hmm (sat) | ML, speaker-adaptive training, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
