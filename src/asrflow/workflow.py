@@ -193,10 +193,15 @@ def ensemble_inputs(config: dict[str, Any], train: str, system: str) -> dict[str
     return inputs
 
 
+def network_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """What network ``system`` was trained with on ``train`` (:func:`nnet_inputs`) and the trained network."""
+    return {**nnet_inputs(config, train, system), "model": f"{results_dir(config)}/nnet/{train}/{system}"}
+
+
 def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of tuning network ``system``'s decoder: the network and what it was trained with, and a GMM
     (its alignments) for the edge-fragment check when that is on."""
-    inputs = {**nnet_inputs(config, train, system), "model": f"{results_dir(config)}/nnet/{train}/{system}"}
+    inputs = network_inputs(config, train, system)
     if config["nnet"]["decode"]["tune"]["edge_fragments"]["enabled"] and "gmm" not in inputs:
         inputs["gmm"] = f"{results_dir(config)}/gmm/{train}/{model_alignments(config, system)}"
     return inputs
@@ -206,7 +211,7 @@ def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[s
     """Inputs of decoding ``test`` with network ``system``: the network, what it was trained with, and the
     tuned settings when tuning is on."""
     train = train_split(test)
-    inputs = {**nnet_inputs(config, train, system), "model": f"{results_dir(config)}/nnet/{train}/{system}"}
+    inputs = network_inputs(config, train, system)
     if config["nnet"]["decode"]["tune"]["enabled"]:
         inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
     return inputs

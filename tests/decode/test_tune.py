@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from asrflow.decode.tune import AXES, choose, fragment_shards, grid_points, neighbourhood_mean, tuned_settings
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
+from asrflow.nnet import NnetError
 
 
 def test_grid_is_row_major_over_the_axes() -> None:
@@ -111,6 +113,8 @@ def test_fragment_shards_put_word_pieces_at_silent_edges(tmp_path: Path) -> None
             assert set(matrix[:before]) <= speech and set(matrix[len(matrix) - after:]) <= speech
     again, _ = fragment_shards(shards, gmm, lang, 8, seed=3, out_dir=tmp_path / "again")
     assert all(np.array_equal(load(x), load(y)) for s, t in zip(new, again) for x, y in zip(s.feats, t.feats))
+    with pytest.raises(NnetError, match="--gmm .*ali/phones.txt"):  # no alignments: a clear error, not a traceback
+        fragment_shards(shards, None, lang, 8, seed=3, out_dir=tmp_path / "none")
 
 
 def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> None:

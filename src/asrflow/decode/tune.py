@@ -130,9 +130,6 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
     check = dcfg["tune"]["edge_fragments"]
     if check["enabled"]:
-        if gmm_dir is None:
-            raise NnetError(f"nnet.decode.tune.edge_fragments cuts word pieces from a GMM's alignments: pass --gmm "
-                            f"to tune {system}, or set enabled: false")
         frag_shards, added = fragment_shards(shards, gmm_dir, lang_dir, check["max_frames"], config["seed"],
                                              out / "edge_fragments")
         _, frag_results = decode_network(config, system, net_dir, lang_dir, frag_shards, client, [points[best]],
@@ -175,7 +172,7 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     return out
 
 
-def fragment_shards(shards: list, ali_dir: str | Path, lang_dir: str | Path, max_frames: int, seed: int,
+def fragment_shards(shards: list, ali_dir: str | Path | None, lang_dir: str | Path, max_frames: int, seed: int,
                     out_dir: Path) -> tuple[list, list[dict[str, Any]]]:
     """``shards`` with every utterance given a word fragment at each edge that lies in silence.
 
@@ -192,8 +189,8 @@ def fragment_shards(shards: list, ali_dir: str | Path, lang_dir: str | Path, max
 
     items = [(utt, spk, value) for s in shards for utt, spk, value in zip(s.utts, s.speakers, s.feats)]
     feats = [(utt, torch.tensor(load(value), dtype=torch.float32), None) for utt, _, value in items]
-    fragments = EdgeFragments([(utt, spk) for utt, spk, _ in items], alignment_speech(ali_dir, lang_dir), 1.0,
-                              max_frames, frame_targets=False)
+    speech = alignment_speech(ali_dir, lang_dir, "--gmm (or nnet.decode.tune.edge_fragments.enabled: false)")
+    fragments = EdgeFragments([(utt, spk) for utt, spk, _ in items], speech, 1.0, max_frames, frame_targets=False)
     rng = np.random.default_rng(seed)
     extended, added = [], []
     for utt, matrix, _ in feats:

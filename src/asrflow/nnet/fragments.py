@@ -34,16 +34,17 @@ def speech_frames(phones: dict[str, list[str]], silence: set[str]) -> dict[str, 
     return {utt: np.asarray([p not in silence for p in seq], dtype=bool) for utt, seq in phones.items()}
 
 
-def alignment_speech(ali_dir: str | Path, lang_dir: str | Path | None) -> dict[str, np.ndarray]:
-    """:func:`speech_frames` of the frame phones in ``ali_dir/ali/phones.txt`` (a GMM or align stage folder),
-    with the silence phones of ``lang_dir``."""
+def alignment_speech(ali_dir: str | Path | None, lang_dir: str | Path | None, source: str = "--gmm"
+                     ) -> dict[str, np.ndarray]:
+    """:func:`speech_frames` of the frame phones in ``ali_dir/ali/phones.txt`` (a GMM or align stage folder,
+    given as the option ``source``), with the silence phones of ``lang_dir``."""
     lang = Path(lang_dir) if lang_dir is not None else None
     if lang is None or not (lang / "silence.int").is_file():
         raise NnetError(f"edge fragments need the lang folder (--lang) for its silence phones (got {lang_dir})")
-    ali = Path(ali_dir) / "ali" / "phones.txt"
-    if not ali.is_file():
-        raise NnetError(f"edge fragments are cut from frame alignments, and {ali} does not exist: "
-                        "pass the GMM (--gmm) whose alignments cover these utterances")
+    ali = Path(ali_dir) / "ali" / "phones.txt" if ali_dir is not None else None
+    if ali is None or not ali.is_file():
+        raise NnetError(f"edge fragments are cut from frame alignments: {source} must be a folder with "
+                        f"ali/phones.txt covering these utterances (got {ali_dir})")
     symbols = {i: p for p, i in read_symbols(lang / "phones.txt").items()}
     silence = {symbols[int(i)] for i in (lang / "silence.int").read_text().split()}
     return speech_frames({utt: seq.split() for utt, seq in read_table(ali).items()}, silence)

@@ -162,21 +162,17 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     train_set, valid_set = dataset(source, train_utts), dataset(train_split, valid_utts)
     fragments = model_train(config, system)["edge_fragments"]
     if fragments["probability"] > 0:
-        ali_dir = alignments if perturbed else gmm_dir
-        if ali_dir is None or not (Path(ali_dir) / "ali" / "phones.txt").is_file():
-            raise NnetError(f"{system!r} trains with edge_fragments, which cuts word pieces from the frame "
-                            f"alignments: --{'alignments' if perturbed else 'gmm'} must be a folder with "
-                            f"ali/phones.txt (got {ali_dir})")
-        train_set.fragments = edge_fragments(train_set, Path(ali_dir), lang_dir, fragments, targets.frame_level)
+        train_set.fragments = edge_fragments(train_set, alignments if perturbed else gmm_dir, lang_dir, fragments,
+                                             targets.frame_level, "--alignments" if perturbed else "--gmm")
     return targets, train_set, valid_set, {**train_set.rejected, **valid_set.rejected}
 
 
-def edge_fragments(train_set: FeatureDataset, ali_dir: Path, lang_dir: str | Path | None,
-                   settings: dict[str, Any], frame_targets: bool = True) -> EdgeFragments:
+def edge_fragments(train_set: FeatureDataset, ali_dir: str | Path | None, lang_dir: str | Path | None,
+                   settings: dict[str, Any], frame_targets: bool = True, source: str = "--gmm") -> EdgeFragments:
     """The edge-fragment augmentation of ``train_set`` (``nnet.train.edge_fragments``), its word spans from the
-    frame phones of the alignments in ``ali_dir`` and the silence phones of ``lang_dir``."""
+    frame phones of the alignments in ``ali_dir`` (the option ``source``) and the silence phones of ``lang_dir``."""
     utterances = [(utt, spk) for utt, _, spk, _ in train_set.items]
-    return EdgeFragments(utterances, alignment_speech(ali_dir, lang_dir), settings["probability"],
+    return EdgeFragments(utterances, alignment_speech(ali_dir, lang_dir, source), settings["probability"],
                          settings["max_frames"], frame_targets)
 
 

@@ -138,7 +138,7 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
     """Header and body of the comparison (numbers formatted; WER/SER in %)."""
     settings = ["model", "objective", "sizes"] + (["parallel"] if any(r.settings.get("parallel") for r in rows) else [])
     accuracy = any(r.frame_accuracy is not None for r in rows)
-    tuned = [k for k in ("held_out_wer", "fragment_wer") if any(getattr(r, k) is not None for r in rows)]
+    tuned = [k for k in TUNED_COLUMNS if any(getattr(r, k) is not None for r in rows)]
     parallel = [k for k in PARALLEL_TIMES if any(k in r.step_times for r in rows)]
     loso = [t for t in tests if t.startswith("loso_")]
     header = ["system", *settings, *[f"WER {t}" for t in tests]]
