@@ -10,6 +10,7 @@ from asrflow.workflow import (
     fmllr_inputs,
     gmm_decode_inputs,
     gmm_inputs,
+    gmm_tune_inputs,
     launch_resources,
     network_systems,
     nnet_decode_inputs,

@@ -1,8 +1,9 @@
 # Decoding graphs (HCLG per GMM system, TLG per training split for CTC over phones) and
 # decoding of the test splits on Dask: GMM-HMMs and hybrid networks through HCLG, CTC
 # networks over phones through TLG, other CTC networks by prefix beam search.
-# A network's decoder settings are first tuned on its held-out training utterances
-# (nnet.decode.tune), never on a test set.
+# Decoder settings (acoustic scale, insertion penalty; LM weight and word bonus for CTC) are
+# first tuned on the networks' held-out training utterances (nnet.decode.tune, decode.tune for
+# the GMMs), never on a test set.
 
 
 rule graph:
@@ -55,6 +56,7 @@ rule decode:
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "decode"),
+        optional=lambda wildcards, input: optional_args(input, "tune"),
     threads: dask_threads(config, workflow.cores)
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
@@ -65,7 +67,7 @@ rule decode:
     shell:
         "asrflow decode --config {params.config} --system {wildcards.system} --test {wildcards.test}"
         " --model {input.model} --graph {input.graph} --data {input.data} --features {input.features}"
-        " --lang {input.lang} --out {output} --workers {threads} > {log} 2>&1"
+        " --lang {input.lang} {params.optional} --out {output} --workers {threads} > {log} 2>&1"
 
 
 rule decode_nnet:
@@ -116,3 +118,29 @@ rule tune_nnet:
         "asrflow tune --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --model {input.model} --data {input.data} --features {input.features} --lang {input.lang}"
         " {params.optional} --out {output} --workers {threads} > {log} 2>&1"
+
+
+# The GMMs' decoder settings (decode.tune), chosen as the networks' are, on the same held-out
+# utterances with the LM that has not seen them.
+rule tune_gmm:
+    input:
+        unpack(lambda wildcards: gmm_tune_inputs(config, wildcards.train, wildcards.system)),
+    output:
+        directory(f"{RESULTS}/tune/{{train}}/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system=system_pattern(GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS),
+    params:
+        config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "tune_gmm"),
+    threads: dask_threads(config, workflow.cores)
+    log:
+        f"{RESULTS}/logs/tune.{{train}}.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/tune.{{train}}.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow tune --config {params.config} --system {wildcards.system} --train {wildcards.train}"
+        " --model {input.model} --data {input.data} --features {input.features} --lang {input.lang}"
+        " --out {output} --workers {threads} > {log} 2>&1"

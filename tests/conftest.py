@@ -88,5 +88,5 @@ def yesno_run(tmp_path_factory, mirror) -> Path:
     os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
     workdir = tmp_path_factory.mktemp("workflow")
     snakemake(workdir, "--cores", "2", "--set-threads", "features=1", "gmm=1", "align=1", "fmllr=1", "nnet=1",
-              "decode=1", "decode_nnet=1", "tune_nnet=1", "--configfile", str(YESNO))
+              "decode=1", "decode_nnet=1", "tune_nnet=1", "tune_gmm=1", "--configfile", str(YESNO))
     return workdir

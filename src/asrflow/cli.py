@@ -251,20 +251,19 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     from asrflow.config import ADAPTED_GMM_SYSTEMS
     from asrflow.decode.stage import decode_split_nnet
+    from asrflow.decode.tune import tuned_settings
 
     config = _load(args)
     with stage_run(config, f"decode-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
         with dask_client(config["dask"], args.workers, log=_log) as client:
+            tuned = tuned_settings(args.tune)
+            run.log_params({f"tuned.{k}": v for k, v in tuned.items()})
             if args.system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS:  # adapted features come with Δ+ΔΔ
                 info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
                                     args.out, client, deltas=0 if args.system in ADAPTED_GMM_SYSTEMS else 2,
-                                    log=_log)
+                                    tuned=tuned, log=_log)
             else:
-                from asrflow.decode.tune import tuned_settings
-
-                tuned = tuned_settings(args.tune)
-                run.log_params({f"tuned.{k}": v for k, v in tuned.items()})
                 info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
                                          args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
                                          tuned=tuned, log=_log)
@@ -274,16 +273,22 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from asrflow.cluster import dask_client
-    from asrflow.decode.tune import tune_network
+    from asrflow.config import ADAPTED_GMM_SYSTEMS
+    from asrflow.decode.tune import tune_gmm, tune_network
     from asrflow.nnet.transcribe import bundle_files
     from asrflow.tracking import stage_run
 
     config = _load(args)
+    gmm = args.system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS
     with stage_run(config, f"tune-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system})
         with dask_client(config["dask"], args.workers, log=_log) as client:
-            info = tune_network(config, args.system, args.model, args.data, args.features, args.lang, args.train,
-                                args.out, client, gmm_dir=args.gmm, graph_dir=args.graph, log=_log)
+            if gmm:  # adapted features come with Δ+ΔΔ
+                info = tune_gmm(config, args.system, args.model, args.data, args.features, args.lang, args.train,
+                                args.out, client, deltas=0 if args.system in ADAPTED_GMM_SYSTEMS else 2, log=_log)
+            else:
+                info = tune_network(config, args.system, args.model, args.data, args.features, args.lang,
+                                    args.train, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph, log=_log)
         run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
         run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
                          "held_out_words": info["words"], "grid_points": len(info["grid"])})
@@ -291,6 +296,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             run.log_metrics({"edge_fragment_errors": info["edge_fragments"]["errors"],
                              "edge_fragment_wer": info["edge_fragments"]["wer"]})
         run.log_artifact(args.out)
+        if gmm:
+            return 0
         # the pyfunc model, decoding with the tuned settings (as the test sets are decoded)
         _log_model(run, bundle_files(config, args.system, Path(args.model), Path(args.features), args.train,
                                      Path(args.gmm) if args.gmm else None, Path(args.graph) if args.graph else None,
@@ -488,11 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--graph", help="HCLG folder (GMM and hybrid systems)")
     p.add_argument("--gmm", help="GMM system folder (hybrid networks: transition model)")
-    p.add_argument("--tune", help="tune stage folder of the network (its tune.json replaces the configured settings)")
+    p.add_argument("--tune", help="tune stage folder of the system (its tune.json replaces the configured settings)")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_decode)
 
-    p = with_config(sub.add_parser("tune", help="choose a network's decoder settings on its held-out utterances"))
+    p = with_config(sub.add_parser("tune", help="choose a network's or GMM's decoder settings on held-out utterances"))
     for name in ("system", "train", "model", "data", "features", "lang", "out"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--graph", help="HCLG folder (hybrid networks)")

@@ -40,6 +40,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
+    "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.decode.shard_utts"),
 }
 
 
@@ -112,14 +113,32 @@ def gmm_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str
     return inputs
 
 
-def gmm_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
-    """Inputs of decoding ``test`` with GMM ``system``: its model and graph, and the MFCCs, or for
+def gmm_system_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """What GMM ``system`` of ``train`` decodes with: its model and graph, and the MFCCs, or for
     ``<gmm>_fmllr`` the fold's speaker-adapted features (rule fmllr)."""
-    root, train = results_dir(config), train_split(test)
+    root = results_dir(config)
     gmm = system.removesuffix("_fmllr")
     features = f"{root}/fmllr/{train}/{gmm}" if system in ADAPTED_GMM_SYSTEMS else f"{root}/features/mfcc"
     return {"data": f"{root}/data", "features": features, "lang": f"{root}/lang/{train}",
             "model": f"{root}/gmm/{train}/{gmm}", "graph": f"{root}/graph/{train}/{gmm}"}
+
+
+def gmm_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
+    """Inputs of decoding ``test`` with GMM ``system`` (:func:`gmm_system_inputs`), and its tuned settings when
+    ``decode.tune`` is on."""
+    train = train_split(test)
+    inputs = gmm_system_inputs(config, train, system)
+    if config["decode"]["tune"]["enabled"]:
+        inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
+    return inputs
+
+
+def gmm_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """Inputs of tuning GMM ``system``'s decoder on the held-out utterances of ``train`` (its graph is not
+    needed: the tune stage builds one with the held-out LM)."""
+    inputs = gmm_system_inputs(config, train, system)
+    del inputs["graph"]
+    return inputs
 
 
 def ensemble_systems(config: dict[str, Any]) -> list[str]:
@@ -289,6 +308,11 @@ LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
 # its fingerprint, so changing them retrains nothing.
 RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch",)}
 
+# Parts of a section that only one stage reads, keyed by the section's full key: left out of the
+# section's hash elsewhere (decode.tune: the GMM tune stage, "tune_gmm", whose folder the decodes
+# then read as an input).
+OWN_STAGE_KEYS = {"decode": ("tune",)}
+
 
 # Settings at a value that changes nothing (nnet.train.seed null: the experiment's seed, which the
 # fingerprint already holds; an augmentation or a penalty switched off): left out while at it, so
@@ -308,8 +332,9 @@ def _neutral(section: str, key: str, value: Any) -> bool:
 
 def _without_runtime(key: str, value: Any) -> Any:
     section = key.rsplit(".", 1)[-1]
-    if (section in RUNTIME_KEYS or key in NEUTRAL_VALUES) and isinstance(value, dict):
-        runtime, neutral = RUNTIME_KEYS.get(section, ()), key if key in NEUTRAL_VALUES else section
+    if (section in RUNTIME_KEYS or key in NEUTRAL_VALUES or key in OWN_STAGE_KEYS) and isinstance(value, dict):
+        runtime = RUNTIME_KEYS.get(section, ()) + OWN_STAGE_KEYS.get(key, ())
+        neutral = key if key in NEUTRAL_VALUES else section
         return {k: v for k, v in value.items() if k not in runtime and not _neutral(neutral, k, v)}
     if key.startswith("nnet.models.") and isinstance(value, dict):
         out = dict(value)

@@ -222,6 +222,18 @@ def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:
         assert fingerprint[0] == fingerprint[1] != fingerprint[2], stage
 
 
+def test_gmm_tuning_enters_only_its_own_fingerprint(tmp_path) -> None:
+    """decode.tune is read by the GMM tune stage alone: adding or changing it reruns no fMLLR pass, network tuning
+    or decode (the GMM decodes read the tune folder as an input instead)."""
+    models = {"nnet": {"models": {"dnn": {"type": "dnn"}}}}
+    base = make_config(tmp_path, **models)
+    before = {**base, "decode": {k: v for k, v in base["decode"].items() if k != "tune"}}
+    other = make_config(tmp_path, decode={"tune": {"acoustic_scale": [0.05, 0.1]}}, **models)
+    for stage, system in (("decode", ""), ("fmllr", "tri"), ("tune", "dnn"), ("decode_nnet", "dnn")):
+        assert len({stage_fingerprint(c, stage, system=system) for c in (before, base, other)}) == 1, stage
+    assert stage_fingerprint(base, "tune_gmm") != stage_fingerprint(other, "tune_gmm")
+
+
 def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
     """A network with features: fmllr reads fmllr/<train>/<alignments system>; the fmllr rule adapts the
     speed-perturbed copies only when such a network trains on them."""
@@ -250,8 +262,8 @@ def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
 def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path) -> None:
     """sat: a GMM trained on fmllr/<train>/tri from the tri alignments, adapted from the tri's transforms,
     decoded as sat_fmllr; a network with alignments: sat trains on its targets and (fmllr) features."""
-    from asrflow.workflow import (fmllr_inputs, gmm_decode_inputs, gmm_inputs, nnet_inputs, results_dir,
-                                  stage_fingerprint)
+    from asrflow.workflow import (fmllr_inputs, gmm_decode_inputs, gmm_inputs, gmm_tune_inputs, nnet_inputs,
+                                  results_dir, stage_fingerprint)
 
     models = {"dnn": {"type": "dnn", "features": "fmllr"}, "dnn_sat": {"type": "dnn", "features": "fmllr",
                                                                        "alignments": "sat"}}
@@ -267,7 +279,11 @@ def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path
     assert "init" not in fmllr_inputs(config, "train", "tri")
     assert gmm_decode_inputs(config, "test", "sat_fmllr") == {
         "data": f"{root}/data", "features": f"{root}/fmllr/train/sat", "lang": f"{root}/lang/train",
-        "model": f"{root}/gmm/train/sat", "graph": f"{root}/graph/train/sat"}
+        "model": f"{root}/gmm/train/sat", "graph": f"{root}/graph/train/sat", "tune": f"{root}/tune/train/sat_fmllr"}
+    # the GMM tune stage reads the training split's adapted features and builds its own graph
+    assert gmm_tune_inputs(config, "train", "sat_fmllr") == {
+        "data": f"{root}/data", "features": f"{root}/fmllr/train/sat", "lang": f"{root}/lang/train",
+        "model": f"{root}/gmm/train/sat"}
     plain, sat = nnet_inputs(config, "train", "dnn"), nnet_inputs(config, "train", "dnn_sat")
     assert (plain["gmm"], plain["features"]) == (f"{root}/gmm/train/tri", f"{root}/fmllr/train/tri")
     assert (sat["gmm"], sat["graph"], sat["features"]) == (

@@ -50,6 +50,11 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
     sat = json.loads((res / "fmllr" / "train" / "sat" / "manifest.json").read_text())
     assert sat["started_from"] == "results/yesno/fmllr/train/tri" and sat["splits"]["test"]["adapted"] == 1
     assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: see docs/results.md
+    for system in scores:  # decoder settings tuned on the networks' held-out utterances (decode.tune)
+        tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
+        decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
+        assert tune["objective"] == "gmm" and tune["utterances"] == 6 and len(tune["grid"]) == 30, tune
+        assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31
     pdfs = (res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt").read_text().splitlines()
@@ -65,7 +70,7 @@ def test_mlflow_runs(yesno_run: Path) -> None:
                          "gmm-mono-train", "gmm-tri-train", "gmm-sat-train", "align-tri-train_sp",
                          "fmllr-tri-train", "fmllr-sat-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
-                         *[f"tune-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
+                         *[f"tune-{s}-train" for s in systems],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
     assert len(history) == 40 and history[-1].value > history[1].value
@@ -104,7 +109,8 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "align", "fmllr", "graph", "graph_ctc", "decode",
-                                        "nnet", "ensemble", "tune_nnet", "decode_nnet", "score", "compare", "all"}
+                                        "nnet", "ensemble", "tune_gmm", "tune_nnet", "decode_nnet", "score", "compare",
+                                        "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 

@@ -127,12 +127,22 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
     return results
 
 
-def decode_shard(shard: Shard, model_blob: bytes, graph_path: str, opts: DecodeOptions) -> DecodeResult:
-    """1-best word ids of each utterance of a shard with a GMM-HMM (runs on a Dask worker)."""
+def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
+                          settings: list[DecodeOptions]) -> list[DecodeResult]:
+    """1-best words of each utterance of a shard with a GMM-HMM, once per decoder setting (runs on a Dask worker).
+
+    Settings run grouped by insertion penalty (each penalised graph is built once); the
+    results come back in the order of ``settings``.
+    """
     model = GmmModel.from_bytes(model_blob)
-    items = [(utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
-             for utt, x in zip(shard.utts, features(shard))]
-    return decode_all(graph_path, model.tm, opts, items)
+    feats = features(shard)
+    results: list[DecodeResult | None] = [None] * len(settings)
+    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
+        opts = settings[i]
+        items = [(utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
+                 for utt, x in zip(shard.utts, feats)]
+        results[i] = decode_all(graph_path, model.tm, opts, items)
+    return results
 
 
 def words_of(ids: list[int], id2word: list[str]) -> str:

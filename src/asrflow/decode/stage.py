@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
-from asrflow.decode.decoder import DecodeResult, decode_shard, gmm_decode_options, rtf
+from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_settings, gmm_decode_options, rtf
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.kaldi import kfst
@@ -45,25 +45,34 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
 
 def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, data_dir: str | Path,
                  feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
-                 deltas: int = 2, log=print) -> dict[str, Any]:
+                 deltas: int = 2, tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
     """Decode split ``test``; write ``hyp.txt`` (words) and ``manifest.json`` (RTF, failures).
 
-    ``deltas``: Δ orders added to the features (0 for features that hold them, e.g. fMLLR-adapted)."""
+    ``deltas``: Δ orders added to the features (0 for features that hold them, e.g. fMLLR-adapted).
+    ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dcfg = config["decode"]
-    opts = gmm_decode_options(dcfg)
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, dcfg["shard_utts"], deltas=deltas)
-    model = GmmModel.load(model_dir)
-    blob = broadcast(client, model.to_bytes())
-    graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["decode"]["shard_utts"], deltas=deltas)
     start = time.perf_counter()
-    results = run_sharded(client, decode_shard, shards, blob, graph_path, opts,
-                          units=[len(s.utts) for s in shards], desc=f"decode-{test}",
-                          retries=config["dask"]["retries"])
-    wall = time.perf_counter() - start
-    return write_decode(out, test, results, wall, {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam,
-                                                   "insertion_penalty": opts.insertion_penalty}, log)
+    (opts,), per_shard = decode_gmm(config, model_dir, graph_dir, shards, client, [tuned or {}], desc=f"decode-{test}")
+    return write_decode(out, test, [r[0] for r in per_shard], time.perf_counter() - start,
+                        {"acoustic_scale": opts.acoustic_scale, "beam": opts.beam,
+                         "insertion_penalty": opts.insertion_penalty, "tuned": bool(tuned)}, log)
+
+
+def decode_gmm(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, shards: list, client: Any,
+               overrides: list[dict[str, float]],
+               desc: str = "decode") -> tuple[list[DecodeOptions], list[list[DecodeResult]]]:
+    """Decode ``shards`` with the GMM in ``model_dir`` through its HCLG once per entry of ``overrides`` (laid
+    over the ``decode`` section). Returns the options of each setting and, per shard, one result per setting."""
+    from dataclasses import replace
+
+    settings = [replace(gmm_decode_options(config["decode"]), **o) for o in overrides]
+    blob = broadcast(client, GmmModel.load(model_dir).to_bytes())
+    graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
+    results = run_sharded(client, decode_shard_settings, shards, blob, graph_path, settings,
+                          units=[len(s.utts) for s in shards], desc=desc, retries=config["dask"]["retries"])
+    return settings, results
 
 
 def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float, settings: dict[str, Any],

@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -94,49 +95,95 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
     from asrflow.decode.stage import decode_network, decoder_kind, make_graph
+    from asrflow.nnet import NnetError
+
+    out = Path(out_dir)
+    tune = config["nnet"]["decode"]["tune"]
+    kind = decoder_kind(config["nnet"]["models"][system])
+    if kind == "hclg" and gmm_dir is None:
+        raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
+
+    graph = graph_dir if kind == "prefix" else out / "graph"
+
+    def build_graph(lang: Path) -> None:
+        if kind != "prefix":
+            make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log)
+
+    def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
+        return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc)[1]
+
+    check = tune["edge_fragments"]
+    return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
+                        data_dir, feats_dir, lang_dir, train_split, out, build_graph, decode, deltas=0,
+                        fragments_gmm=gmm_dir if check["enabled"] else None, fragment_frames=check["max_frames"],
+                        log=log)
+
+
+def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_dir: str | Path,
+             feats_dir: str | Path, lang_dir: str | Path, train_split: str, out_dir: str | Path, client: Any,
+             deltas: int = 2, log=print) -> dict[str, Any]:
+    """The GMM counterpart of :func:`tune_network` (``decode.tune``): acoustic scale × insertion penalty of GMM
+    ``system`` (the model in ``model_dir``; ``<gmm>_fmllr`` on its adapted features) chosen on the networks'
+    held-out utterances, decoded with the held-out LM through an HCLG built here.
+
+    The GMM was trained on those utterances (the networks were not), so its acoustic scores
+    there are somewhat more confident than on new speech.
+    """
+    from asrflow.decode.stage import decode_gmm, make_graph
+
+    out = Path(out_dir)
+
+    def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
+        return decode_gmm(config, model_dir, out / "graph", shards, client, points, desc=desc)[1]
+
+    return tune_decoder(config, system, "gmm", AXES["hclg"], config["decode"]["tune"], data_dir, feats_dir,
+                        lang_dir, train_split, out, lambda lang: make_graph(lang, model_dir, out / "graph", log=log),
+                        decode, deltas=deltas, log=log)
+
+
+def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict[str, str], tune: dict[str, Any],
+                 data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, train_split: str, out: Path,
+                 build_graph: Callable[[Path], Any],
+                 decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]], deltas: int = 0,
+                 fragments_gmm: str | Path | None = None, fragment_frames: int = 30, log=print) -> dict[str, Any]:
+    """The grid search shared by networks and GMMs.
+
+    ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph of
+    the held-out LM's lang, and ``decode(lang, shards, points, desc)`` decodes ``shards`` once per grid
+    point through it (per shard, one result per point). With ``fragments_gmm`` (whose alignments give the word boundaries) the chosen setting
+    is checked on the held-out utterances with word fragments at their edges.
+    """
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
     from asrflow.nnet.stage import held_out_utterances
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dcfg = config["nnet"]["decode"]
-    objective = config["nnet"]["models"][system]["objective"]
-    kind = decoder_kind(config["nnet"]["models"][system])
-    axes = AXES[kind]
-    points = grid_points(dcfg["tune"], axes)
+    points = grid_points(tune, axes)
     held_out = held_out_utterances(config, data_dir, train_split)
-    shards = split_shards(data_dir, feats_dir, lang_dir, train_split, dcfg["shard_utts"], deltas=0, only=held_out)
+    shards = split_shards(data_dir, feats_dir, lang_dir, train_split, config["nnet"]["decode"]["shard_utts"],
+                          deltas=deltas, only=held_out)
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
     # the LM and graph without the held-out transcripts (the test sets' are not in the LM either)
     lang_dir = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
-    if kind == "hclg" and gmm_dir is None:
-        raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
-    if kind != "prefix":
-        make_graph(lang_dir, gmm_dir if kind == "hclg" else None, out / "graph", log=log)
-        graph_dir = out / "graph"
-    _, results = decode_network(config, system, net_dir, lang_dir, shards, client, points, gmm_dir, graph_dir,
-                                desc=f"tune-{system}")
+    build_graph(lang_dir)
+    results = decode(lang_dir, shards, points, f"tune-{system}")
     texts = read_table(Path(data_dir) / train_split / "text")
     refs = {utt: texts[utt] for s in shards for utt in s.utts}
     grid = []
     for j, point in enumerate(points):
         summary, _ = score_corpus(refs, hypotheses(results, j))
         grid.append({**point, "errors": summary["errors"], "wer": summary["wer"]})
-    best = choose([g["errors"] for g in grid], tuple(len(dcfg["tune"][key]) for key in axes.values()))
+    best = choose([g["errors"] for g in grid], tuple(len(tune[key]) for key in axes.values()))
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
             "words": sum(len(t.split()) for t in refs.values()), "axes": list(axes),
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
-    check = dcfg["tune"]["edge_fragments"]
-    if check["enabled"]:
-        frag_shards, added = fragment_shards(shards, gmm_dir, lang_dir, check["max_frames"], config["seed"],
+    if fragments_gmm is not None:
+        frag_shards, added = fragment_shards(shards, fragments_gmm, lang_dir, fragment_frames, config["seed"],
                                              out / "edge_fragments")
-        _, frag_results = decode_network(config, system, net_dir, lang_dir, frag_shards, client, [points[best]],
-                                         gmm_dir, graph_dir, desc=f"tune-{system}-edge-fragments")
-        hyps = hypotheses(frag_results, 0)
+        hyps = hypotheses(decode(lang_dir, frag_shards, [points[best]], f"tune-{system}-edge-fragments"), 0)
         summary, _ = score_corpus(refs, hyps)
-        info["edge_fragments"] = {"max_frames": check["max_frames"], "errors": summary["errors"],
+        info["edge_fragments"] = {"max_frames": fragment_frames, "errors": summary["errors"],
                                   "wer": summary["wer"], "ins": summary["ins"], "utterances": [
                                       {**a, "reference": refs[a["utterance"]], "hypothesis": hyps.get(a["utterance"], "")}
                                       for a in added]}
