@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,7 +115,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     check = tune["edge_fragments"]
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
                         data_dir, feats_dir, lang_dir, train_split, out, build_graph, decode, deltas=0,
-                        fragments_gmm=gmm_dir if check["enabled"] else None, fragment_frames=check["max_frames"],
+                        fragment_frames=check["max_frames"] if check["enabled"] else None, alignments=gmm_dir,
                         log=log)
 
 
@@ -145,13 +145,15 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
                  data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, train_split: str, out: Path,
                  build_graph: Callable[[Path], Any],
                  decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]], deltas: int = 0,
-                 fragments_gmm: str | Path | None = None, fragment_frames: int = 30, log=print) -> dict[str, Any]:
+                 fragment_frames: int | None = None, alignments: str | Path | None = None,
+                 log=print) -> dict[str, Any]:
     """The grid search shared by networks and GMMs.
 
-    ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph of
-    the held-out LM's lang, and ``decode(lang, shards, points, desc)`` decodes ``shards`` once per grid
-    point through it (per shard, one result per point). With ``fragments_gmm`` (whose alignments give the word boundaries) the chosen setting
-    is checked on the held-out utterances with word fragments at their edges.
+    ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph
+    of the held-out LM's lang, and ``decode(lang, shards, points, desc)`` decodes ``shards`` once
+    per grid point through it (per shard, one result per point). With ``fragment_frames`` the
+    chosen setting is checked on the held-out utterances with word pieces of up to that many
+    frames at their edges, cut at the word boundaries of the GMM folder ``alignments``.
     """
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
@@ -178,8 +180,8 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
             "words": sum(len(t.split()) for t in refs.values()), "axes": list(axes),
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
-    if fragments_gmm is not None:
-        frag_shards, added = fragment_shards(shards, fragments_gmm, lang_dir, fragment_frames, config["seed"],
+    if fragment_frames is not None:
+        frag_shards, added = fragment_shards(shards, alignments, lang_dir, fragment_frames, config["seed"],
                                              out / "edge_fragments")
         hyps = hypotheses(decode(lang_dir, frag_shards, [points[best]], f"tune-{system}-edge-fragments"), 0)
         summary, _ = score_corpus(refs, hyps)
