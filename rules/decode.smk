@@ -44,7 +44,8 @@ rule graph_ctc:
 
 
 # A GMM system (mono, tri), or one decoded with speaker-adapted features (mono_fmllr, tri_fmllr,
-# sat_fmllr: the test speakers' features after the fmllr rule's two passes, Kaldi's decode_fmllr.sh).
+# sat_fmllr: the test speakers' features after the fmllr rule's two passes, Kaldi's decode_fmllr.sh),
+# with the setting rule tune_gmm chose for it (decode.tune).
 rule decode:
     input:
         unpack(lambda wildcards: gmm_decode_inputs(config, wildcards.test, wildcards.system)),
