@@ -118,20 +118,24 @@ def test_fragment_shards_put_word_pieces_at_silent_edges(tmp_path: Path) -> None
 
 
 def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> None:
-    """held_out_lang: the same words and lexicon, an LM estimated without the held-out sentences."""
+    """held_out_lang: the lang's symbol tables and lexicon, an LM estimated without the held-out sentences, whose
+    words only they say are out of its vocabulary (as a test set's unseen words are out of the lang's)."""
     from asrflow.decode.tune import held_out_lang
     from asrflow.lang.stage import prepare_lang
 
     from ..conftest import make_config
 
-    texts = {"a": "yes no yes", "b": "no no", "c": "yes yes no", "d": "no no yes yes"}
+    texts = {"a": "yes no yes", "b": "no no", "c": "yes yes no", "d": "no no yes yes maybe"}
     (tmp_path / "data" / "train").mkdir(parents=True)
     (tmp_path / "data" / "train" / "text").write_text("".join(f"{u} {t}\n" for u, t in texts.items()))
     config = make_config(tmp_path, lang={"lexicon": "grapheme", "lm_order": 3})
     prepare_lang(config, tmp_path / "data", "train", [], tmp_path / "lang", log=lambda *_: None)
-    tune_lang = held_out_lang(config, tmp_path / "lang", tmp_path / "data", "train", {"d"}, tmp_path / "tune")
+    tune_lang, vocabulary = held_out_lang(config, tmp_path / "lang", tmp_path / "data", "train", {"d"},
+                                          tmp_path / "tune")
+    assert vocabulary == {"yes", "no"}
     for name in ("words.txt", "phones.txt", "L_disambig.fst", "lexicon.txt", "silence.int"):
         assert (tune_lang / name).read_bytes() == (tmp_path / "lang" / name).read_bytes()
     full, tuning = ((d / "lm.arpa").read_text() for d in (tmp_path / "lang", tune_lang))
     assert "no no yes" in full and "no no yes" not in tuning  # a trigram only the held-out sentence has
+    assert "maybe" in full and "maybe" not in tuning  # a word only it has
     assert "yes yes no" in tuning and (tune_lang / "G.fst").stat().st_size > 0

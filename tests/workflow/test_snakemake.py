@@ -54,6 +54,7 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
         assert tune["objective"] == "gmm" and tune["utterances"] == 6 and len(tune["grid"]) == 30, tune
+        assert tune["oov_rate"] == 0.0  # yes and no are in every training transcript
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31

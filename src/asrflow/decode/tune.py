@@ -18,7 +18,9 @@ than its edge).
 The held-out transcripts belong to the training split, so the lang folder's LM has seen
 them; on sentence prompts (Asterisk) it then favours an LM weight far stronger than the
 test sets, whose sentences it has not seen, want. Tuning therefore decodes with an LM
-estimated without them (same vocabulary and lexicon) and its own HCLG or TLG.
+estimated without them, over the other transcripts' words (so words only the held-out
+utterances say are out of its vocabulary, as the test sets' unseen words are out of the
+lang's), and its own HCLG or TLG.
 
 Held-out utterances begin and end in clean silence, unlike files cut out of a longer
 recording, whose edges can fall inside a word their transcript does not name. With
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.data.datadir import read_table
+from asrflow.lang.lexicon import oov_rate
 from asrflow.score.wer import score_corpus
 
 #: Per decoder kind (:func:`asrflow.decode.stage.decoder_kind`): each tuned setting and the
@@ -167,7 +170,7 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
     # the LM and graph without the held-out transcripts (the test sets' are not in the LM either)
-    lang_dir = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
+    lang_dir, vocabulary = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
     build_graph(lang_dir)
     results = decode(lang_dir, shards, points, f"tune-{system}")
     texts = read_table(Path(data_dir) / train_split / "text")
@@ -178,7 +181,8 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
         grid.append({**point, "errors": summary["errors"], "wer": summary["wer"]})
     best = choose([g["errors"] for g in grid], tuple(len(tune[key]) for key in axes.values()))
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
-            "words": sum(len(t.split()) for t in refs.values()), "axes": list(axes),
+            "words": sum(len(t.split()) for t in refs.values()), "oov_rate": oov_rate(refs.values(), vocabulary)[0],
+            "axes": list(axes),
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
     if fragment_frames is not None:
         frag_shards, added = fragment_shards(shards, alignments, lang_dir, fragment_frames, config["seed"],
@@ -193,7 +197,7 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
         "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
     log(f"{system}: {len(points)} decoder settings on {info['utterances']} held-out utterances "
-        f"({info['words']} words): errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
+        f"({info['words']} words, {100 * info['oov_rate']:.1f} % out of the tuning LM's vocabulary): errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
         f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")
     if "edge_fragments" in info:
         frag = info["edge_fragments"]
@@ -203,9 +207,14 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
 
 
 def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | Path, train_split: str,
-                  held_out: set[str], out_dir: Path) -> Path:
+                  held_out: set[str], out_dir: Path) -> tuple[Path, set[str]]:
     """A copy of ``lang_dir`` whose LM (``lm.arpa``, ``G.fst``) is estimated without the transcripts of the
-    ``held_out`` utterances (same vocabulary and lexicon), so tuning does not decode sentences the LM has seen."""
+    ``held_out`` utterances, so tuning does not decode sentences the LM has seen; and the LM's vocabulary.
+
+    The vocabulary is that of the other transcripts: words only the held-out utterances say
+    are out of it, as the test sets' unseen words are out of the lang's (the lexicon and
+    symbol tables stay the lang's, so the graph matches the acoustic model's phones).
+    """
     import shutil
 
     from asrflow.lang.stage import write_grammar
@@ -215,10 +224,10 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     for path in lang.iterdir():
         if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json"):
             shutil.copyfile(path, out / path.name)
-    texts = read_table(Path(data_dir) / train_split / "text")
-    vocabulary = sorted({w for t in texts.values() for w in t.split()})
-    write_grammar([t for u, t in texts.items() if u not in held_out], vocabulary, config["lang"]["lm_order"], out)
-    return out
+    texts = [t for u, t in read_table(Path(data_dir) / train_split / "text").items() if u not in held_out]
+    vocabulary = {w for t in texts for w in t.split()}
+    write_grammar(texts, sorted(vocabulary), config["lang"]["lm_order"], out)
+    return out, vocabulary
 
 
 def fragment_shards(shards: list, ali_dir: str | Path | None, lang_dir: str | Path, max_frames: int, seed: int,
