@@ -244,12 +244,20 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gmm_deltas(system: str) -> int | None:
+    """Δ orders a GMM system's features get when read (its adapted features come with Δ+ΔΔ); None for a network."""
+    from asrflow.config import ADAPTED_GMM_SYSTEMS
+
+    if system in GMM_SYSTEMS:
+        return 2
+    return 0 if system in ADAPTED_GMM_SYSTEMS else None
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     from asrflow.cluster import dask_client
     from asrflow.decode.stage import decode_split
     from asrflow.tracking import stage_run
 
-    from asrflow.config import ADAPTED_GMM_SYSTEMS
     from asrflow.decode.stage import decode_split_nnet
     from asrflow.decode.tune import tuned_settings
 
@@ -259,10 +267,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
         with dask_client(config["dask"], args.workers, log=_log) as client:
             tuned = tuned_settings(args.tune)
             run.log_params({f"tuned.{k}": v for k, v in tuned.items()})
-            if args.system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS:  # adapted features come with Δ+ΔΔ
+            if (deltas := _gmm_deltas(args.system)) is not None:
                 info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
-                                    args.out, client, deltas=0 if args.system in ADAPTED_GMM_SYSTEMS else 2,
-                                    tuned=tuned, log=_log)
+                                    args.out, client, deltas=deltas, tuned=tuned, log=_log)
             else:
                 info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
                                          args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
@@ -273,19 +280,18 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from asrflow.cluster import dask_client
-    from asrflow.config import ADAPTED_GMM_SYSTEMS
     from asrflow.decode.tune import tune_gmm, tune_network
     from asrflow.nnet.transcribe import bundle_files
     from asrflow.tracking import stage_run
 
     config = _load(args)
-    gmm = args.system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS
+    deltas = _gmm_deltas(args.system)
     with stage_run(config, f"tune-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system})
         with dask_client(config["dask"], args.workers, log=_log) as client:
-            if gmm:  # adapted features come with Δ+ΔΔ
+            if deltas is not None:
                 info = tune_gmm(config, args.system, args.model, args.data, args.features, args.lang, args.train,
-                                args.out, client, deltas=0 if args.system in ADAPTED_GMM_SYSTEMS else 2, log=_log)
+                                args.out, client, deltas=deltas, log=_log)
             else:
                 info = tune_network(config, args.system, args.model, args.data, args.features, args.lang,
                                     args.train, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph, log=_log)
@@ -296,7 +302,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             run.log_metrics({"edge_fragment_errors": info["edge_fragments"]["errors"],
                              "edge_fragment_wer": info["edge_fragments"]["wer"]})
         run.log_artifact(args.out)
-        if gmm:
+        if deltas is not None:  # a GMM: no MLflow model
             return 0
         # the pyfunc model, decoding with the tuned settings (as the test sets are decoded)
         _log_model(run, bundle_files(config, args.system, Path(args.model), Path(args.features), args.train,

@@ -108,6 +108,16 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
     return DecodeResult(hyps, failed, total, time.perf_counter() - start)
 
 
+def per_setting(settings: list[DecodeOptions],
+                search: Callable[[DecodeOptions], DecodeResult]) -> list[DecodeResult]:
+    """``search(options)`` for each setting, grouped by insertion penalty (each penalised graph is then
+    built once, :func:`_graph`); the results in the order of ``settings``."""
+    results: list[DecodeResult | None] = [None] * len(settings)
+    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
+        results[i] = search(settings[i])
+    return results
+
+
 def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndarray], forward: float,
                     graph_path: str, trans_model, settings: list[DecodeOptions],
                     loglikes: Callable[[np.ndarray, DecodeOptions], np.ndarray]) -> list[DecodeResult]:
@@ -117,32 +127,25 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
     grouped by insertion penalty, so each penalised graph is built once; the results come back
     in the order of ``settings``, each timed with the forward pass included.
     """
-    results: list[DecodeResult | None] = [None] * len(settings)
-    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
-        opts = settings[i]
+    def search(opts: DecodeOptions) -> DecodeResult:
         items = [(utt, n, lambda p=p: khg.DecodableCtc(loglikes(p, opts)))
                  for utt, n, p in zip(utts, frames, posteriors)]
-        results[i] = decode_all(graph_path, trans_model, opts, items)
-        results[i].seconds += forward
-    return results
+        result = decode_all(graph_path, trans_model, opts, items)
+        result.seconds += forward
+        return result
+
+    return per_setting(settings, search)
 
 
 def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
                           settings: list[DecodeOptions]) -> list[DecodeResult]:
-    """1-best words of each utterance of a shard with a GMM-HMM, once per decoder setting (runs on a Dask worker).
-
-    Settings run grouped by insertion penalty (each penalised graph is built once); the
-    results come back in the order of ``settings``.
-    """
+    """1-best words of each utterance of a shard with a GMM-HMM, once per decoder setting (runs on a Dask
+    worker; :func:`per_setting`)."""
     model = GmmModel.from_bytes(model_blob)
     feats = features(shard)
-    results: list[DecodeResult | None] = [None] * len(settings)
-    for i in sorted(range(len(settings)), key=lambda i: settings[i].insertion_penalty):
-        opts = settings[i]
-        items = [(utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
-                 for utt, x in zip(shard.utts, feats)]
-        results[i] = decode_all(graph_path, model.tm, opts, items)
-    return results
+    return per_setting(settings, lambda opts: decode_all(graph_path, model.tm, opts, [
+        (utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
+        for utt, x in zip(shard.utts, feats)]))
 
 
 def words_of(ids: list[int], id2word: list[str]) -> str:

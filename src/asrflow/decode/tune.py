@@ -135,12 +135,13 @@ def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_di
     from asrflow.decode.stage import decode_gmm, make_graph
 
     out = Path(out_dir)
+    graph = out / "graph"
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
-        return decode_gmm(config, model_dir, out / "graph", shards, client, points, desc=desc)[1]
+        return decode_gmm(config, model_dir, graph, shards, client, points, desc=desc)[1]
 
     return tune_decoder(config, system, "gmm", AXES["hclg"], config["decode"]["tune"], data_dir, feats_dir,
-                        lang_dir, train_split, out, lambda lang: make_graph(lang, model_dir, out / "graph", log=log),
+                        lang_dir, train_split, out, lambda lang: make_graph(lang, model_dir, graph, log=log),
                         decode, deltas=deltas, log=log)
 
 
