@@ -320,7 +320,8 @@ OWN_STAGE_KEYS = {"decode": ("tune",)}
 # is one ("decode" is the GMMs' section, not nnet.decode), else by its last part ("train": nnet.train
 # and every network's own train overrides); "": top-level keys.
 NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False,
-                                                       "edge_fragments": {"probability": 0.0, "max_frames": 30}},
+                                                       "edge_fragments": {"probability": 0.0, "max_frames": 30},
+                                                       "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
                                              "": {"audio.speed_perturb": []}}
 

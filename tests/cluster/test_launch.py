@@ -167,15 +167,17 @@ def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> Non
         assert fingerprint[0] == fingerprint[1] != fingerprint[2]
 
 
-def test_edge_fragments_switched_off_changes_no_fingerprint(tmp_path) -> None:
-    """nnet.train.edge_fragments at probability 0 (the default) retrains no network trained before the key existed."""
+@pytest.mark.parametrize(("key", "default", "on"), [
+    ("edge_fragments", {"probability": 0.0, "max_frames": 30}, {"probability": 1.0, "max_frames": 60}),
+    ("mmi", {"weight": 0.0, "acoustic_scale": 0.1}, {"weight": 1.0}),
+])
+def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str, default: dict, on: dict) -> None:
+    """nnet.train.<key> at its default (off) retrains no network trained before the key existed."""
     base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
-    before = {**base, "nnet": {**base["nnet"], "train": {k: v for k, v in base["nnet"]["train"].items()
-                                                          if k != "edge_fragments"}}}
-    on = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {
-        "edge_fragments": {"probability": 1.0, "max_frames": 60}}}}})
-    assert base["nnet"]["train"]["edge_fragments"] == {"probability": 0.0, "max_frames": 30}
-    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (before, base, on)]
+    before = {**base, "nnet": {**base["nnet"], "train": {k: v for k, v in base["nnet"]["train"].items() if k != key}}}
+    switched = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {key: on}}}})
+    assert base["nnet"]["train"][key] == default
+    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (before, base, switched)]
     assert fingerprint[0] == fingerprint[1] != fingerprint[2]
 
 

@@ -184,6 +184,7 @@ def _check_systems(config: dict[str, Any]) -> None:
     for name, model in models.items():
         _check_ensemble(name, model, models)
         _check_speed_perturb(config, name)
+        _check_mmi(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):
@@ -265,6 +266,20 @@ def _check_features(config: Mapping[str, Any], name: str) -> None:
         why = " (fmllr adapts the GMM's MFCC features)" if kind == "fmllr" else ""
         raise ConfigError(f"config key '{key}': {kind!r} needs {needed} features, which are not extracted{why}; "
                           f"add {needed} to features.kinds ({', '.join(kinds)})")
+
+
+def _check_mmi(config: Mapping[str, Any], name: str) -> None:
+    """MMI (``train.mmi.weight`` > 0) trains a hybrid on whole utterances: the denominator graph starts at
+    an utterance's first frame."""
+    model = config["nnet"]["models"][name]
+    if model["type"] == "ensemble" or not model_train(config, name)["mmi"]["weight"]:
+        return
+    if model.get("objective", "hybrid") != "hybrid":
+        raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI trains hybrid networks (tied states "
+                          f"against the decoding graph); {name} is a {model['objective']} network")
+    if model_train(config, name)["chunk_frames"]:
+        raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
+                          f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
 
 
 def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:

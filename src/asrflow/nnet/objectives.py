@@ -6,7 +6,7 @@ return the mean loss with counts for logging. The trainer does not know which it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
@@ -22,6 +22,7 @@ class LossStats:
     count: int  # frames (hybrid) or utterances (CTC)
     correct: int | None = None  # correctly classified frames (hybrid only)
     frames: int = 0  # input frames in the batch (for throughput)
+    parts: dict[str, float] = field(default_factory=dict)  # terms of a combined loss, summed like loss_sum
 
 
 def frame_cross_entropy(logits: torch.Tensor, out_lengths: torch.Tensor,

@@ -34,6 +34,7 @@ from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.fragments import EdgeFragments, alignment_speech
 from asrflow.nnet.hybrid import pdf_priors
+from asrflow.nnet.mmi import MmiObjective, load_denominator_graph
 from asrflow.nnet.train import TrainOptions, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.parallel.base import ParallelOptions
@@ -176,10 +177,28 @@ def edge_fragments(train_set: FeatureDataset, ali_dir: str | Path | None, lang_d
                          settings["max_frames"], frame_targets)
 
 
+def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,
+                  log_priors: torch.Tensor) -> MmiObjective | None:
+    """The MMI objective of hybrid ``system`` when ``train.mmi.weight`` > 0 (else None): its
+    denominator is the HCLG in ``graph_dir`` of the GMM in ``gmm_dir`` (whose tree numbers the pdfs)."""
+    settings = opts.mmi
+    if not settings.get("weight"):
+        return None
+    if gmm_dir is None or graph_dir is None:
+        raise NnetError(f"{system} trains with MMI (train.mmi.weight {settings['weight']}): it needs the GMM (--gmm) "
+                        f"and its decoding graph (--graph)")
+    from asrflow.gmm.model import GmmModel
+
+    graph = load_denominator_graph(Path(graph_dir) / "HCLG.fst", GmmModel.load(gmm_dir).tid2pdf)
+    return MmiObjective(graph, log_priors, settings["weight"], settings["acoustic_scale"])
+
+
 def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
                  gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
-                 lang_dir: str | Path | None = None, alignments: str | Path | None = None, log=print) -> dict[str, Any]:
-    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above."""
+                 lang_dir: str | Path | None = None, alignments: str | Path | None = None,
+                 graph_dir: str | Path | None = None, log=print) -> dict[str, Any]:
+    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above
+    (a hybrid trained with MMI also reads the GMM's decoding graph, ``graph_dir``)."""
     model = config["nnet"]["models"][system]
     objective = model["objective"]
     out = Path(out_dir)
@@ -187,8 +206,11 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir,
                                                              lang_dir, alignments)
     opts = train_options(config, system)
-    log(f"{system} ({model['type']}, {objective}): {len(train_set)} training and {len(valid_set)} held-out "
-        f"utterances, {targets.num_classes} classes; {len(rejected)} left out")
+    criterion = mmi_criterion(opts, system, gmm_dir, graph_dir, targets.extra["priors"]) if objective == "hybrid" \
+        else None
+    log(f"{system} ({model['type']}, {objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
+        f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
+        + (f"; MMI graph {criterion.graph.num_states} states, {len(criterion.graph.src)} arcs" if criterion else ""))
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                          f"(see {out / 'report.tsv'})")
@@ -209,7 +231,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
 
     summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
                     objective=objective, extra=targets.extra, state_dir=state_dir or out / "state",
-                    parallel=parallel_options(config, system))
+                    parallel=parallel_options(config, system), criterion=criterion)
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation

@@ -55,6 +55,7 @@ class TrainOptions:
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
     edge_fragments: dict = field(default_factory=dict)  # probability, max_frames (nnet/fragments.py)
+    mmi: dict = field(default_factory=dict)  # weight, acoustic_scale (nnet/mmi.py; hybrids, weight 0: off)
     prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
     deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
     seed: int = 0
@@ -164,8 +165,11 @@ def _to(batch: dict, device: torch.device) -> dict:
 
 
 def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, objective: str = "hybrid",
-             device: torch.device = torch.device("cpu"), amp: bool = False) -> tuple[float, float | None]:
-    """Held-out loss (per frame for hybrid, per utterance for CTC) and frame accuracy (hybrid)."""
+             device: torch.device = torch.device("cpu"), amp: bool = False,
+             criterion: Callable | None = None) -> tuple[float, float | None]:
+    """Held-out loss (per frame for hybrid, per utterance for CTC) and frame accuracy (hybrid), by
+    ``criterion`` when given (a combined objective such as MMI's), else the objective's own loss."""
+    loss_fn = criterion or OBJECTIVES[objective]
     model.eval()
     loss_sum = count = correct = 0.0
     sampler = BucketBatchSampler(dataset.lengths, max_frames, seed=0)
@@ -173,7 +177,7 @@ def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, o
         for indices in sampler:
             batch = _to(collate([dataset[i] for i in indices]), device)
             logits, out_lengths = model(batch["feats"], batch["lengths"])
-            _, stats = OBJECTIVES[objective](logits, out_lengths, batch)
+            _, stats = loss_fn(logits, out_lengths, batch)
             loss_sum += stats.loss_sum
             count += stats.count
             correct += stats.correct or 0
@@ -214,7 +218,7 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
           num_classes: int, out_dir: str | Path, log_metrics: Callable[[int, dict], None] = lambda s, m: None,
           log: Callable[[str], None] = print, objective: str = "hybrid",
           extra: dict[str, Any] | None = None, state_dir: str | Path | None = None,
-          parallel: ParallelOptions | None = None) -> dict[str, Any]:
+          parallel: ParallelOptions | None = None, criterion: Callable | None = None) -> dict[str, Any]:
     """Train (or resume) and write ``final.pt`` (the best held-out model); returns a summary.
 
     Checkpoints go to ``state_dir`` (default ``out_dir``); one written by a run with another
@@ -224,12 +228,13 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     ``objective`` is ``hybrid`` (frame cross-entropy on ``train_set``'s frame targets) or
     ``ctc`` (its unit sequences). ``extra`` is stored in ``final.pt`` beside the weights
     (e.g. the unit inventory), so a model file is self-describing. ``parallel`` chooses the
-    strategy when several learners run under torchrun (default: all-reduce).
+    strategy when several learners run under torchrun (default: all-reduce). ``criterion``
+    replaces the objective's loss in training and held-out evaluation (hybrid MMI, ``nnet/mmi.py``).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
     parallel = parallel or ParallelOptions()
-    loss_fn = OBJECTIVES[objective]
+    loss_fn = criterion or OBJECTIVES[objective]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank, world, device = _distributed(parallel.timeout)
@@ -321,12 +326,13 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
                 metrics.update(times.as_dict())
             if stats.correct is not None:
                 metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
+            metrics.update({name: value / max(stats.count, 1) for name, value in stats.parts.items()})
             log_metrics(state["step"], metrics)
             if state["step"] % opts.checkpoint_every == 0:
                 save()
         strategy.synchronise()
         held_out_start = time.perf_counter()
-        valid_loss, valid_acc = _held_out(model, valid_part, opts, objective, device, world)
+        valid_loss, valid_acc = _held_out(model, valid_part, opts, objective, device, world, loss_fn)
         log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
             + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
             + f", lr {scheduler.get_last_lr()[0]:.2e}")
@@ -366,9 +372,9 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
 
 
 def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: TrainOptions, objective: str,
-              device: torch.device, world: int) -> tuple[float, float | None]:
+              device: torch.device, world: int, criterion: Callable) -> tuple[float, float | None]:
     """Held-out loss and accuracy over all ranks' parts (identical on every rank)."""
-    loss, accuracy = evaluate(model, part, opts.max_frames, objective, device, opts.amp)
+    loss, accuracy = evaluate(model, part, opts.max_frames, objective, device, opts.amp, criterion)
     count = len(part) if objective == "ctc" else sum(part.lengths)
     totals = _average([loss * count, (accuracy or 0.0) * count, float(count)], device, world)
     loss = totals[0] / max(totals[2], 1)

@@ -1,0 +1,171 @@
+"""MMI against the decoding graph: the forward algorithm against path enumeration, its gradient,
+the HCLG conversion, the config checks and a training run with it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asrflow.nnet.mmi import MmiObjective, denominator_log_prob, graph_from_arcs, load_denominator_graph, mmi
+
+from .helpers import synthetic_split
+
+# A small graph over 3 pdfs with costs, two final states and a cycle through all three.
+ARCS = [(0, 1, 0, 0.5), (0, 2, 1, 1.0), (1, 1, 0, 0.2), (1, 2, 1, 0.7), (2, 2, 1, 0.1), (2, 1, 2, 2.0),
+        (2, 3, 2, 0.3), (3, 3, 2, 0.4), (3, 0, 0, 1.5)]
+FINALS = {2: 0.25, 3: 0.0}
+
+
+def brute_force(loglikes: np.ndarray, length: int) -> float:
+    """log Σ over every path of ``length`` arcs from state 0 to a final state."""
+    total = []
+    for path in itertools.product(range(len(ARCS)), repeat=length):
+        state, score = 0, 0.0
+        for t, a in enumerate(path):
+            src, dst, pdf, cost = ARCS[a]
+            if src != state:
+                break
+            state, score = dst, score + loglikes[t, pdf] - cost
+        else:
+            if state in FINALS:
+                total.append(score - FINALS[state])
+    return float(np.logaddexp.reduce(total))
+
+
+def test_forward_sums_every_path_of_each_utterance() -> None:
+    graph = graph_from_arcs(ARCS, FINALS, 0, 4)
+    rng = np.random.default_rng(0)
+    loglikes = rng.normal(scale=3.0, size=(2, 5, 3))
+    got = denominator_log_prob(torch.from_numpy(loglikes), torch.tensor([5, 3]), graph)
+    assert got[0].item() == pytest.approx(brute_force(loglikes[0], 5), abs=1e-9)
+    assert got[1].item() == pytest.approx(brute_force(loglikes[1], 3), abs=1e-9)  # padding frames ignored
+
+
+def test_forward_survives_long_utterances_and_large_scores() -> None:
+    graph = graph_from_arcs(ARCS, FINALS, 0, 4)
+    loglikes = torch.full((1, 3000, 3), -400.0, dtype=torch.float64)
+    loglikes[0, :, 1] = 0.0
+    value = denominator_log_prob(loglikes, torch.tensor([3000]), graph)
+    assert math.isfinite(value.item())
+
+
+def test_gradient_is_the_denominator_occupancy() -> None:
+    graph = graph_from_arcs(ARCS, FINALS, 0, 4)
+    loglikes = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([6, 4])
+    assert torch.autograd.gradcheck(lambda x: denominator_log_prob(x, lengths, graph), (loglikes,))
+    denominator_log_prob(loglikes, lengths, graph).sum().backward()
+    occupancy = loglikes.grad.sum(dim=2)  # each frame of each utterance is consumed by exactly one arc
+    assert torch.allclose(occupancy[0], torch.ones(6, dtype=torch.float64))
+    assert torch.allclose(occupancy[1], torch.tensor([1.0, 1, 1, 1, 0, 0], dtype=torch.float64))
+
+
+def test_mmi_is_low_when_the_aligned_path_dominates() -> None:
+    graph = graph_from_arcs(ARCS, FINALS, 0, 4)
+    targets = torch.tensor([[0, 0, 1, 1, 2]])
+    sharp = torch.full((1, 5, 3), -30.0, dtype=torch.float64)
+    sharp[0, torch.arange(5), targets[0]] = 0.0
+    flat = torch.zeros(1, 5, 3, dtype=torch.float64)
+    lengths = torch.tensor([5])
+    # sharp: only the aligned path survives, so MMI is its graph cost (0.5 + 0.2 + 0.7 + 0.1 + 0.3, final 0)
+    assert mmi(sharp, lengths, targets, graph).item() == pytest.approx(-1.8, abs=1e-6)
+    assert mmi(flat, lengths, targets, graph).item() > mmi(sharp, lengths, targets, graph).item() + 1.0
+
+
+def test_objective_adds_weighted_mmi_to_cross_entropy() -> None:
+    from asrflow.nnet.objectives import frame_cross_entropy
+
+    graph = graph_from_arcs(ARCS, FINALS, 0, 4)
+    priors = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    logits = torch.randn(1, 5, 3, requires_grad=True)
+    batch = {"targets": torch.tensor([[0, 0, 1, 1, 2]])}
+    lengths = torch.tensor([5])
+    loss, stats = MmiObjective(graph, priors, 0.5, 0.1)(logits, lengths, batch)
+    ce, _ = frame_cross_entropy(logits, lengths, batch)
+    loglikes = 0.1 * (torch.log_softmax(logits.double(), -1) - priors.double())
+    expected = ce.item() + 0.5 * mmi(loglikes, lengths, batch["targets"], graph).item() / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats.count == 5 and stats.parts["mmi"] / 5 == pytest.approx((expected - ce.item()) / 0.5, rel=1e-5)
+    loss.backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+
+
+def test_hclg_conversion_maps_transition_ids_and_removes_epsilons(tmp_path: Path) -> None:
+    from asrflow.kaldi import kfst
+
+    # transition ids 1..4 → pdfs 0, 0, 1, 2; an ε-input arc (with a word on its output) from the start
+    text = "0 1 0 7 0.5\n1 1 1 0 0.1\n1 2 3 5 0.2\n2 2 4 0 0.3\n2 1 2 0 1.0\n2 0.7\n"
+    fst = kfst.compile(text)
+    fst.write(str(tmp_path / "HCLG.fst"))
+    graph = load_denominator_graph(tmp_path / "HCLG.fst", np.array([0, 0, 0, 1, 2]))
+    assert graph.num_states == 3 and graph.start == 0  # the ε arc's cost moved onto the arcs after it
+    loglikes = np.log(np.random.default_rng(1).uniform(0.1, 1.0, size=(1, 4, 3)))
+    # paths of 4 frames, by hand: 0.5 (ε) then 1→1 / 1→2 / 2→2 / 2→1 with the final 0.7 at state 2
+    arcs = {1: [(1, 0, 0.1), (2, 1, 0.2)], 2: [(2, 2, 0.3), (1, 0, 1.0)]}
+    paths = []
+    for choice in itertools.product(range(2), repeat=4):
+        state, score = 1, -0.5
+        for t, c in enumerate(choice):
+            dst, pdf, cost = arcs[state][c]
+            state, score = dst, score + loglikes[0, t, pdf] - cost
+        if state == 2:
+            paths.append(score - 0.7)
+    got = denominator_log_prob(torch.from_numpy(loglikes), torch.tensor([4]), graph).item()
+    assert got == pytest.approx(float(np.logaddexp.reduce(paths)), abs=1e-5)
+    with pytest.raises(FileNotFoundError, match="HCLG.fst"):
+        load_denominator_graph(tmp_path / "missing" / "HCLG.fst", np.zeros(5, dtype=int))
+
+
+def test_config_allows_mmi_for_whole_utterance_hybrids_only() -> None:
+    from asrflow.config import ConfigError, resolve_config
+
+    def config(model: dict) -> dict:
+        return resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["net"]},
+                               "nnet": {"models": {"net": model}}})
+
+    config({"type": "dnn", "train": {"mmi": {"weight": 1.0}}})
+    with pytest.raises(ConfigError, match="MMI trains hybrid networks"):
+        config({"type": "dnn", "objective": "ctc", "train": {"mmi": {"weight": 1.0}}})
+    with pytest.raises(ConfigError, match="chunk_frames"):
+        config({"type": "lstm", "train": {"mmi": {"weight": 1.0}, "chunk_frames": 50}})
+    with pytest.raises(ConfigError):
+        config({"type": "dnn", "train": {"mmi": {"weigth": 1.0}}})
+
+
+def test_training_with_mmi_learns_and_logs_its_term(tmp_path: Path) -> None:
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.train import TrainOptions, train
+
+    labels = synthetic_split(tmp_path, utterances=24)
+    # a class loop: any class may follow any other, each held for at least one frame
+    arcs = [(0, c + 1, c, 1.0) for c in range(4)] + [(a + 1, b + 1, b, 0.0 if a == b else 2.0)
+                                                      for a in range(4) for b in range(4)]
+    graph = graph_from_arcs(arcs, {c + 1: 0.0 for c in range(4)}, 0, 5)
+    priors = torch.log(torch.full((4,), 0.25))
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
+    logged: list[dict] = []
+    opts = TrainOptions(epochs=4, max_frames=500, lr=1e-2, warmup_steps=2, patience=5, seed=1,
+                        mmi={"weight": 1.0, "acoustic_scale": 0.5})
+    summary = train({"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.0}, opts, data, data, 4,
+                    tmp_path / "out", log_metrics=lambda step, m: logged.append(m), log=lambda *_: None,
+                    criterion=MmiObjective(graph, priors, 1.0, 0.5))
+    assert (tmp_path / "out" / "final.pt").is_file()
+    assert summary["best_valid_frame_accuracy"] > 0.99
+    steps = [m for m in logged if "mmi" in m]
+    assert steps and steps[-1]["mmi"] < steps[0]["mmi"]
+
+
+def test_the_training_stage_asks_for_the_graph_only_with_mmi_on(tmp_path: Path) -> None:
+    from asrflow.nnet import NnetError
+    from asrflow.nnet.stage import mmi_criterion
+    from asrflow.nnet.train import TrainOptions
+
+    priors = torch.zeros(3)
+    assert mmi_criterion(TrainOptions(mmi={"weight": 0.0, "acoustic_scale": 0.1}), "dnn", None, None, priors) is None
+    with pytest.raises(NnetError, match="--graph"):
+        mmi_criterion(TrainOptions(mmi={"weight": 1.0, "acoustic_scale": 0.1}), "dnn", tmp_path, None, priors)
