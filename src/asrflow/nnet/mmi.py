@@ -15,9 +15,9 @@ negative); its gradient is exact: ``κ (γ_den − onehot(a))`` on the log poste
 
 The denominator is the forward algorithm over the whole HCLG, as in lattice-free MMI
 (Povey et al., 2016) but over the word-level graph the decoder uses rather than a phone LM:
-no lattices, nothing stale. It is run in float64 on probabilities rescaled every frame, and
-differentiated by autograd; its memory grows with frames × batch × arcs, which suits the
-small graphs of digit and command corpora (yesno, FSDD), not large-vocabulary ones.
+no lattices, nothing stale. It is run in float64 on probabilities rescaled every frame, with
+its own backward pass (forward-backward); its time grows with frames × batch × arcs, which
+suits the small graphs of digit and command corpora (yesno, FSDD), not large-vocabulary ones.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def graph_from_arcs(arcs: list[tuple[int, int, int, float]], finals: dict[int, f
     final = torch.zeros(num_states, dtype=torch.float64)
     for state, cost in finals.items():
         final[state] = float(np.exp(-cost))
-    return DenominatorGraph(torch.from_numpy(table[:, 0].astype(np.int64)), torch.from_numpy(table[:, 1].astype(np.int64)),
-                            torch.from_numpy(table[:, 2].astype(np.int64)), torch.from_numpy(np.exp(-table[:, 3])),
-                            final, start)
+    index = table[:, :3].astype(np.int64)
+    return DenominatorGraph(torch.from_numpy(index[:, 0].copy()), torch.from_numpy(index[:, 1].copy()),
+                            torch.from_numpy(index[:, 2].copy()), torch.from_numpy(np.exp(-table[:, 3])), final, start)
 
 
 def load_denominator_graph(hclg_path: str | Path, tid2pdf: np.ndarray) -> DenominatorGraph:
@@ -94,26 +94,53 @@ def denominator_log_prob(loglikes: torch.Tensor, lengths: torch.Tensor, graph: D
     """``log Σ_paths exp(Σ_t loglikes[b, t, pdf] − cost)`` over ``graph`` for each utterance ``b``.
 
     ``loglikes`` is ``(B, T, pdfs)``; frames at and after ``lengths[b]`` are ignored. The
-    forward probabilities are renormalised every frame (the log normalisers are summed), so
-    long utterances neither underflow nor overflow.
+    gradient is the denominator's pdf occupancy per frame (forward-backward, :class:`_Forward`).
     """
-    batch, frames, _ = loglikes.shape
-    loglikes = loglikes.double()
-    shift = loglikes.detach().amax(dim=2)  # (B, T): rescales each frame's likelihoods into (0, 1]
-    probs = torch.exp(loglikes - shift[:, :, None])
-    alpha = torch.zeros(batch, graph.num_states, dtype=torch.float64, device=loglikes.device)
-    alpha[:, graph.start] = 1.0
-    log_norm = torch.zeros(batch, dtype=torch.float64, device=loglikes.device)
-    lengths = lengths.to(loglikes.device)
-    for t in range(frames):
-        active = t < lengths
-        arcs = alpha[:, graph.src] * graph.weight * probs[:, t, graph.pdf]
-        new = torch.zeros_like(alpha).index_add(1, graph.dst, arcs)
-        norm = new.sum(dim=1).clamp_min(1e-300)
-        alpha = torch.where(active[:, None], new / norm[:, None], alpha)
-        log_norm = log_norm + torch.where(active, torch.log(norm) + shift[:, t], 0.0)
-    final = (alpha * graph.final).sum(dim=1).clamp_min(1e-300)
-    return log_norm + torch.log(final)
+    return _Forward.apply(loglikes.double(), lengths.to(loglikes.device), graph)
+
+
+class _Forward(torch.autograd.Function):
+    """The forward algorithm with its own backward pass (the arc posteriors), rather than autograd
+    through every frame: the forward probabilities are renormalised every frame, so long
+    utterances neither underflow nor overflow, and the backward probabilities are scaled by the
+    same normalisers, so that Σ_s α_t(s) β_t(s) = 1 at every frame."""
+
+    @staticmethod
+    def forward(ctx, loglikes: torch.Tensor, lengths: torch.Tensor, graph: DenominatorGraph) -> torch.Tensor:
+        batch, frames, _ = loglikes.shape
+        shift = loglikes.amax(dim=2)  # (B, T): each frame's likelihoods rescaled into (0, 1]
+        probs = torch.exp(loglikes - shift[:, :, None])
+        alphas = torch.zeros(frames + 1, batch, graph.num_states, dtype=torch.float64, device=loglikes.device)
+        alphas[0, :, graph.start] = 1.0
+        norms = torch.ones(frames, batch, dtype=torch.float64, device=loglikes.device)
+        active = torch.arange(frames, device=loglikes.device)[:, None] < lengths[None, :]  # (T, B)
+        for t in range(frames):
+            arcs = alphas[t][:, graph.src] * graph.weight * probs[:, t, graph.pdf]
+            new = torch.zeros_like(alphas[t]).index_add_(1, graph.dst, arcs)
+            norm = new.sum(dim=1).clamp_min(1e-300)
+            alphas[t + 1] = torch.where(active[t][:, None], new / norm[:, None], alphas[t])
+            norms[t] = torch.where(active[t], norm, 1.0)
+        final = (alphas[frames] * graph.final).sum(dim=1).clamp_min(1e-300)
+        ctx.save_for_backward(probs, alphas, norms, final, active)
+        ctx.graph = graph
+        return torch.log(norms).sum(dim=0) + (shift * active.T).sum(dim=1) + torch.log(final)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        probs, alphas, norms, final, active = ctx.saved_tensors
+        graph: DenominatorGraph = ctx.graph
+        batch, frames, num_pdfs = probs.shape
+        occupancy = torch.zeros_like(probs)
+        beta = graph.final[None, :] / final[:, None]
+        for t in range(frames - 1, -1, -1):
+            emit = graph.weight * probs[:, t, graph.pdf] * beta[:, graph.dst] / norms[t][:, None]  # (B, A)
+            posterior = alphas[t][:, graph.src] * emit  # arc posteriors of frame t; sum to 1
+            occupancy[:, t] = torch.zeros(batch, num_pdfs, dtype=torch.float64,
+                                          device=probs.device).index_add_(1, graph.pdf, posterior)
+            previous = torch.zeros_like(beta).index_add_(1, graph.src, emit)
+            beta = torch.where(active[t][:, None], previous, beta)
+        occupancy *= active.T[:, :, None]
+        return grad[:, None, None] * occupancy, None, None
 
 
 def mmi(loglikes: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor,
