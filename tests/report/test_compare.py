@@ -34,17 +34,19 @@ def test_rows_take_the_newest_run_and_format_the_table() -> None:
 
 
 def test_the_objective_names_the_training_data_and_augmentation() -> None:
-    """A speed-perturbed network and one trained with edge fragments say so in the objective column."""
+    """A speed-perturbed network and ones trained with edge fragments or MMI say so in the objective column."""
     runs = [
         _run("nnet-a-train", 1, {}, {"nnet.models.a.type": "dnn", "nnet.effective.train_data": "train_sp",
                                      "nnet.effective.edge_fragments": "{'probability': 0.0, 'max_frames': 30}"}),
         _run("nnet-b-train", 2, {}, {"nnet.models.b.type": "dnn", "nnet.effective.train_data": "train",
                                      "nnet.effective.edge_fragments": "{'probability': 1.0, 'max_frames': 60}"}),
         _run("nnet-c-train", 3, {}, {"nnet.models.c.type": "dnn"}),  # logged before the setting existed
+        _run("nnet-d-train", 4, {}, {"nnet.models.d.type": "dnn",
+                                     "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
     ]
-    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c"], ["test"]), ["test"])
+    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d"], ["test"]), ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
-    assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid"]
+    assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid", "hybrid, MMI (w=4)"]
 
 
 def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> None:

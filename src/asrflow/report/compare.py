@@ -65,7 +65,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
-    objective += _edge_fragments(params.get("nnet.effective.edge_fragments", "{}"))
+    objective += _switched_on(params.get("nnet.effective.edge_fragments", "{}"), "probability", "edge fragments", "p")
+    objective += _switched_on(params.get("nnet.effective.mmi", "{}"), "weight", "MMI", "w")
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
@@ -75,14 +76,15 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
             "parallel": _parallel(params)}
 
 
-def _edge_fragments(param: str) -> str:
-    """``, edge fragments (p=…)`` when a training run's logged ``edge_fragments`` setting is on, else ""."""
+def _switched_on(param: str, key: str, label: str, symbol: str) -> str:
+    """``, <label> (<symbol>=…)`` when a training run's logged setting (a dict, e.g. ``edge_fragments``
+    with its ``probability``, ``mmi`` with its ``weight``) has ``key`` on, else ""."""
     try:
         value = ast.literal_eval(param)
     except (ValueError, SyntaxError):
         return ""
-    probability = value.get("probability", 0) if isinstance(value, dict) else 0
-    return f", edge fragments (p={probability:g})" if probability else ""
+    on = value.get(key, 0) if isinstance(value, dict) else 0
+    return f", {label} ({symbol}={on:g})" if on else ""
 
 
 def _parallel(params: dict[str, str]) -> str:
