@@ -326,6 +326,19 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                              "": {"audio.speed_perturb": []}}
 
 
+# Keys added to a nested section after networks were trained with it on: left out of its
+# fingerprint while at their defaults, so that adding them reruns nothing.
+NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3}}
+
+
+def _without_new_defaults(key: str, value: Any) -> Any:
+    """``value`` (section ``key``) less the :data:`NEUTRAL_SUBKEYS` at their defaults."""
+    defaults = NEUTRAL_SUBKEYS.get(key)
+    if not defaults or not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if not (k in defaults and v == defaults[k])}
+
+
 def _neutral(section: str, key: str, value: Any) -> bool:
     neutral = NEUTRAL_VALUES.get(section, {})
     return key in neutral and value == neutral[key]
@@ -336,6 +349,7 @@ def _without_runtime(key: str, value: Any) -> Any:
     if (section in RUNTIME_KEYS or key in NEUTRAL_VALUES or key in OWN_STAGE_KEYS) and isinstance(value, dict):
         runtime = RUNTIME_KEYS.get(section, ()) + OWN_STAGE_KEYS.get(key, ())
         neutral = key if key in NEUTRAL_VALUES else section
+        value = {k: _without_new_defaults(k, v) for k, v in value.items()}
         return {k: v for k, v in value.items() if k not in runtime and not _neutral(neutral, k, v)}
     if key.startswith("nnet.models.") and isinstance(value, dict):
         out = dict(value)

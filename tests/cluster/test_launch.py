@@ -169,7 +169,7 @@ def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> Non
 
 @pytest.mark.parametrize(("key", "default", "on"), [
     ("edge_fragments", {"probability": 0.0, "max_frames": 30}, {"probability": 1.0, "max_frames": 60}),
-    ("mmi", {"weight": 0.0, "acoustic_scale": 0.1}, {"weight": 1.0}),
+    ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3}, {"weight": 1.0}),
 ])
 def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str, default: dict, on: dict) -> None:
     """nnet.train.<key> at its default (off) retrains no network trained before the key existed."""
@@ -179,6 +179,22 @@ def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str,
     assert base["nnet"]["train"][key] == default
     fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (before, base, switched)]
     assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+
+
+def test_mmi_keys_added_later_change_no_fingerprint_at_their_defaults(tmp_path) -> None:
+    """A network trained with MMI before train.mmi.denominator existed keeps its fingerprint; a phone-LM
+    denominator, or another order of it, is a new one."""
+    def fingerprint(mmi: dict) -> str:
+        config = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"mmi": mmi}}}})
+        if "denominator" not in mmi:  # as the config was before the keys existed
+            for section in (config["nnet"]["train"], config["nnet"]["models"]["dnn"]["train"]):
+                section["mmi"] = {k: v for k, v in section["mmi"].items() if k in ("weight", "acoustic_scale")}
+        return stage_fingerprint(config, "nnet", system="dnn")
+
+    before = fingerprint({"weight": 4.0})
+    assert fingerprint({"weight": 4.0, "denominator": "graph", "phone_lm_order": 3}) == before
+    phone_lm = fingerprint({"weight": 4.0, "denominator": "phone_lm"})
+    assert len({before, phone_lm, fingerprint({"weight": 4.0, "denominator": "phone_lm", "phone_lm_order": 2})}) == 3
 
 
 def test_a_ctc_model_with_edge_fragments_reads_the_alignments(tmp_path) -> None:

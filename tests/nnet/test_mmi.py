@@ -135,6 +135,9 @@ def test_config_allows_mmi_for_whole_utterance_hybrids_only() -> None:
         config({"type": "lstm", "train": {"mmi": {"weight": 1.0}, "chunk_frames": 50}})
     with pytest.raises(ConfigError):
         config({"type": "dnn", "train": {"mmi": {"weigth": 1.0}}})
+    config({"type": "dnn", "train": {"mmi": {"weight": 1.0, "denominator": "phone_lm", "phone_lm_order": 2}}})
+    with pytest.raises(ConfigError, match="phone_lm"):
+        config({"type": "dnn", "train": {"mmi": {"weight": 1.0, "denominator": "phone-lm"}}})
 
 
 def test_training_with_mmi_learns_and_logs_its_term(tmp_path: Path) -> None:
@@ -169,3 +172,24 @@ def test_the_training_stage_asks_for_the_graph_only_with_mmi_on(tmp_path: Path) 
     assert mmi_criterion(TrainOptions(mmi={"weight": 0.0, "acoustic_scale": 0.1}), "dnn", None, None, priors) is None
     with pytest.raises(NnetError, match="--graph"):
         mmi_criterion(TrainOptions(mmi={"weight": 1.0, "acoustic_scale": 0.1}), "dnn", tmp_path, None, priors)
+
+
+def test_phone_sequences_collapse_each_run_of_frames() -> None:
+    from asrflow.nnet.phone_lm import phone_loop_text, phone_sequences
+
+    frames = {"a": "SIL SIL Y Y Y EH S S SIL", "b": "", "c": "N OW OW"}
+    assert phone_sequences(frames) == [["SIL", "Y", "EH", "S", "SIL"], ["N", "OW"]]
+    assert phone_loop_text(["SIL", "N"]).splitlines() == ["0 0 SIL SIL", "0 0 N N", "0 0 #0 #0", "0"]
+
+
+def test_the_phone_lm_denominator_needs_the_lang_and_the_alignments(tmp_path: Path) -> None:
+    from asrflow.nnet import NnetError
+    from asrflow.nnet.phone_lm import phone_lm_graph
+    from asrflow.nnet.stage import mmi_criterion
+    from asrflow.nnet.train import TrainOptions
+
+    settings = {"weight": 1.0, "acoustic_scale": 0.1, "denominator": "phone_lm", "phone_lm_order": 3}
+    with pytest.raises(NnetError, match="--lang"):
+        mmi_criterion(TrainOptions(mmi=settings), "dnn", tmp_path, tmp_path, torch.zeros(3))
+    with pytest.raises(FileNotFoundError, match="ali/phones.txt"):
+        phone_lm_graph(tmp_path, tmp_path, None, 3)

@@ -43,10 +43,14 @@ def test_the_objective_names_the_training_data_and_augmentation() -> None:
         _run("nnet-c-train", 3, {}, {"nnet.models.c.type": "dnn"}),  # logged before the setting existed
         _run("nnet-d-train", 4, {}, {"nnet.models.d.type": "dnn",
                                      "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
+        _run("nnet-e-train", 5, {}, {"nnet.models.e.type": "dnn", "nnet.effective.mmi":
+                                     "{'weight': 1.0, 'acoustic_scale': 0.1, 'denominator': 'phone_lm', "
+                                     "'phone_lm_order': 2}"}),
     ]
-    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d"], ["test"]), ["test"])
+    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e"], ["test"]), ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
-    assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid", "hybrid, MMI (w=4)"]
+    assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid", "hybrid, MMI (w=4)",
+                         "hybrid, MMI (w=1, phone LM 2)"]
 
 
 def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> None:

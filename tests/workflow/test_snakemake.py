@@ -115,6 +115,36 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 
+def test_the_phone_lm_denominator_holds_every_training_alignment(yesno_run: Path) -> None:
+    """MMI's phone-LM graph (nnet/phone_lm.py), built from the tri GMM: each training utterance's aligned pdf
+    sequence is one of its paths (scored alone, the denominator is that path's graph cost, a few nats per
+    phone), and the same sequence reversed is none (the denominator then has to leave the aligned pdfs)."""
+    import torch
+
+    from asrflow.gmm.model import GmmModel
+    from asrflow.nnet.data import read_int_archive
+    from asrflow.nnet.mmi import denominator_from_fst, mmi
+    from asrflow.nnet.phone_lm import phone_lm_graph
+
+    res = yesno_run / "results" / "yesno"
+    model = GmmModel.load(res / "gmm" / "train" / "tri")
+    hclg, perplexity = phone_lm_graph(res / "lang" / "train", res / "gmm" / "train" / "tri", model, 3)
+    graph = denominator_from_fst(hclg, model.tid2pdf)
+    assert 1 < perplexity < 5 and graph.num_states > 10
+    pdfs = int(model.tid2pdf.max()) + 1
+
+    def mmi_of_peaked(sequence: list[int]) -> float:  # log-likelihood 0 on the sequence, -30 elsewhere
+        frames = torch.arange(len(sequence))
+        loglikes = torch.full((1, len(sequence), pdfs), -30.0, dtype=torch.float64)
+        loglikes[0, frames, torch.tensor(sequence)] = 0.0
+        return mmi(loglikes, torch.tensor([len(sequence)]), torch.tensor([sequence]), graph).item()
+
+    for utt, aligned in read_int_archive(res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt").items():
+        aligned = [int(x) for x in aligned]
+        assert -200 < mmi_of_peaked(aligned) < 0, utt
+        assert mmi_of_peaked(aligned[::-1]) < -1000, utt
+
+
 def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
     overlay = tmp_path / "typo.yaml"
     overlay.write_text("features:\n  mfcc:\n    num_cep: 12\n")

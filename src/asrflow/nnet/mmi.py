@@ -17,7 +17,9 @@ The denominator is the forward algorithm over the whole HCLG, as in lattice-free
 (Povey et al., 2016) but over the word-level graph the decoder uses rather than a phone LM:
 no lattices, nothing stale. It is run in float64 on probabilities rescaled every frame, with
 its own backward pass (forward-backward); its time grows with frames × batch × arcs, which
-suits the small graphs of digit and command corpora (yesno, FSDD), not large-vocabulary ones.
+suits the small graphs of digit and command corpora (yesno, FSDD). For larger vocabularies
+the denominator can be a phone n-gram LM instead (``nnet/phone_lm.py``), as in Kaldi's chain
+models; both reach this module as an HCLG (:func:`denominator_from_fst`).
 """
 
 from __future__ import annotations
@@ -65,16 +67,22 @@ def graph_from_arcs(arcs: list[tuple[int, int, int, float]], finals: dict[int, f
 
 
 def load_denominator_graph(hclg_path: str | Path, tid2pdf: np.ndarray) -> DenominatorGraph:
-    """The HCLG in ``hclg_path`` as a :class:`DenominatorGraph`: input labels (transition ids)
-    mapped to pdfs through ``tid2pdf``, output words dropped, and arcs that consume no frame
-    removed (ε-removal of the input-label acceptor)."""
-    from asrflow.kaldi import fst_arcs, kfst, map_arcs
+    """The HCLG in ``hclg_path`` as a :class:`DenominatorGraph` (:func:`denominator_from_fst`)."""
+    from asrflow.kaldi import kfst
 
     path = Path(hclg_path)
     if not path.is_file():
         raise FileNotFoundError(f"MMI training needs the decoding graph {path} (the graph rule's HCLG.fst)")
-    acceptor = map_arcs(kfst.StdVectorFst.read(str(path)),
-                        lambda a: kfst.StdArc(a.ilabel, a.ilabel, a.weight, a.nextstate))
+    return denominator_from_fst(kfst.StdVectorFst.read(str(path)), tid2pdf)
+
+
+def denominator_from_fst(hclg, tid2pdf: np.ndarray) -> DenominatorGraph:
+    """An HCLG (a decoding graph, or a phone LM's: ``nnet/phone_lm.py``) as a :class:`DenominatorGraph`:
+    input labels (transition ids) mapped to pdfs through ``tid2pdf``, output labels dropped, and
+    arcs that consume no frame removed (ε-removal of the input-label acceptor)."""
+    from asrflow.kaldi import fst_arcs, kfst, map_arcs
+
+    acceptor = map_arcs(hclg, lambda a: kfst.StdArc(a.ilabel, a.ilabel, a.weight, a.nextstate))
     kfst.rmepsilon(acceptor)
     num_states = 0
     finals: dict[int, float] = {}

@@ -34,7 +34,7 @@ from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.fragments import EdgeFragments, alignment_speech
 from asrflow.nnet.hybrid import pdf_priors
-from asrflow.nnet.mmi import MmiObjective, load_denominator_graph
+from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.train import TrainOptions, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.parallel.base import ParallelOptions
@@ -178,18 +178,28 @@ def edge_fragments(train_set: FeatureDataset, ali_dir: str | Path | None, lang_d
 
 
 def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,
-                  log_priors: torch.Tensor) -> MmiObjective | None:
+                  log_priors: torch.Tensor, lang_dir: str | Path | None = None) -> MmiObjective | None:
     """The MMI objective of hybrid ``system`` when ``train.mmi.weight`` > 0 (else None): its
-    denominator is the HCLG in ``graph_dir`` of the GMM in ``gmm_dir`` (whose tree numbers the pdfs)."""
+    denominator is the HCLG in ``graph_dir`` of the GMM in ``gmm_dir`` (whose tree numbers the pdfs),
+    or with ``denominator: phone_lm`` a phone LM over that GMM's alignments and ``lang_dir``'s phones."""
     settings = opts.mmi
     if not settings.get("weight"):
         return None
-    if gmm_dir is None or graph_dir is None:
+    phone_lm = settings.get("denominator", "graph") == "phone_lm"
+    if gmm_dir is None or (lang_dir if phone_lm else graph_dir) is None:
         raise NnetError(f"{system} trains with MMI (train.mmi.weight {settings['weight']}): it needs the GMM (--gmm) "
-                        f"and its decoding graph (--graph)")
+                        + ("and the lang folder (--lang) for its phone LM" if phone_lm
+                           else "and its decoding graph (--graph)"))
     from asrflow.gmm.model import GmmModel
 
-    graph = load_denominator_graph(Path(graph_dir) / "HCLG.fst", GmmModel.load(gmm_dir).tid2pdf)
+    model = GmmModel.load(gmm_dir)
+    if phone_lm:
+        from asrflow.nnet.phone_lm import phone_lm_graph  # kaldifst, as load_denominator_graph
+
+        hclg, _ = phone_lm_graph(lang_dir, gmm_dir, model, settings.get("phone_lm_order", 3))
+        graph = denominator_from_fst(hclg, model.tid2pdf)
+    else:
+        graph = load_denominator_graph(Path(graph_dir) / "HCLG.fst", model.tid2pdf)
     return MmiObjective(graph, log_priors, settings["weight"], settings["acoustic_scale"])
 
 
@@ -206,11 +216,12 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir,
                                                              lang_dir, alignments)
     opts = train_options(config, system)
-    criterion = mmi_criterion(opts, system, gmm_dir, graph_dir, targets.extra["priors"]) if objective == "hybrid" \
-        else None
+    criterion = mmi_criterion(opts, system, gmm_dir, graph_dir, targets.extra["priors"], lang_dir) \
+        if objective == "hybrid" else None
     log(f"{system} ({model['type']}, {objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
         f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
-        + (f"; MMI graph {criterion.graph.num_states} states, {len(criterion.graph.src)} arcs" if criterion else ""))
+        + (f"; MMI denominator ({opts.mmi.get('denominator', 'graph')}) {criterion.graph.num_states} states, "
+           f"{len(criterion.graph.src)} arcs" if criterion else ""))
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                          f"(see {out / 'report.tsv'})")

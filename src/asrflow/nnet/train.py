@@ -55,7 +55,7 @@ class TrainOptions:
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
     edge_fragments: dict = field(default_factory=dict)  # probability, max_frames (nnet/fragments.py)
-    mmi: dict = field(default_factory=dict)  # weight, acoustic_scale (nnet/mmi.py; hybrids, weight 0: off)
+    mmi: dict = field(default_factory=dict)  # weight, acoustic_scale, denominator, phone_lm_order (nnet/mmi.py; 0: off)
     prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
     deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
     seed: int = 0

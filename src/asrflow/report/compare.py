@@ -66,7 +66,7 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
     objective += _switched_on(params.get("nnet.effective.edge_fragments", "{}"), "probability", "edge fragments", "p")
-    objective += _switched_on(params.get("nnet.effective.mmi", "{}"), "weight", "MMI", "w")
+    objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
@@ -85,6 +85,15 @@ def _switched_on(param: str, key: str, label: str, symbol: str) -> str:
         return ""
     on = value.get(key, 0) if isinstance(value, dict) else 0
     return f", {label} ({symbol}={on:g})" if on else ""
+
+
+def _mmi_label(param: str) -> str:
+    """``, MMI (w=…)``, with ``, phone LM n`` for a phone-LM denominator, when MMI is on, else ""."""
+    label = _switched_on(param, "weight", "MMI", "w")
+    if label and "'phone_lm'" in param:
+        order = ast.literal_eval(param).get("phone_lm_order", 3)
+        label = f"{label[:-1]}, phone LM {order})"
+    return label
 
 
 def _parallel(params: dict[str, str]) -> str:

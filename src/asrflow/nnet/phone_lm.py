@@ -1,0 +1,72 @@
+"""A phone-LM denominator graph for MMI (lattice-free MMI as in Kaldi's chain recipes).
+
+MMI against the decoding graph (``nnet/mmi.py``) sums over every word sequence the decoder
+could output; its forward-backward costs frames × arcs, which a large-vocabulary trigram HCLG
+makes too dear. Kaldi's chain models use a phone n-gram LM instead: the denominator becomes
+every phone sequence, weighted by how often the training alignments show it, with no lexicon
+or word LM behind it. Here it is built with the same recipe as the decoding graph
+(``lang/graph.py: make_hclg``) by treating each phone as a word:
+
+- "words" are the lang's phones, silence included; the lexicon is a one-state loop that
+  reads a phone and writes the same phone-word (plus ``#0`` for the LM's back-off arcs);
+- the grammar is a Kneser-Ney n-gram over the phone sequences of the GMM's training
+  alignments (runs of a frame's phone collapsed: two equal phones in a row across a word
+  boundary count once, which only thins the LM a little);
+- H, C and the tree are the GMM's, so the graph's pdfs are the network's output classes.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from asrflow.data.datadir import read_table
+from asrflow.lang.graph import compile_grammar, compile_text_fst, make_hclg, read_symbols
+from asrflow.lang.lm import KneserNeyLM
+from asrflow.lang.symbols import EPS, word_table, write_table
+
+
+def phone_sequences(frame_phones: dict[str, str]) -> list[list[str]]:
+    """Each utterance's phone sequence from its frame-level phones (``ali/phones.txt`` values),
+    runs of one phone collapsed."""
+    sequences = []
+    for phones in frame_phones.values():
+        sequence: list[str] = []
+        for phone in phones.split():
+            if not sequence or sequence[-1] != phone:
+                sequence.append(phone)
+        if sequence:
+            sequences.append(sequence)
+    return sequences
+
+
+def phone_loop_text(phones: list[str]) -> str:
+    """Text FST of the phone "lexicon": one state, each phone read and written as its phone-word,
+    ``#0:#0`` passed through for the grammar's back-off arcs."""
+    return "".join(f"0 0 {p} {p}\n" for p in phones) + "0 0 #0 #0\n0\n"
+
+
+def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model, order: int):
+    """The HCLG of an order-``order`` phone LM over the alignments in ``ali_dir/ali/phones.txt``,
+    for ``model`` (a :class:`~asrflow.gmm.model.GmmModel`: its tree and transition model) and the
+    phones of ``lang_dir``. Returns the FST and the LM's training perplexity."""
+    lang_dir, ali_path = Path(lang_dir), Path(ali_dir) / "ali" / "phones.txt"
+    if not ali_path.is_file():
+        raise FileNotFoundError(f"the phone-LM denominator needs the GMM's frame alignments {ali_path}")
+    phone_ids = read_symbols(lang_dir / "phones.txt")
+    phones = [p for p in phone_ids if p != EPS and not p.startswith("#")]
+    sequences = phone_sequences(read_table(ali_path))
+    unknown = sorted({p for s in sequences for p in s} - set(phones))
+    if unknown:
+        raise ValueError(f"{ali_path}: phones {unknown[:5]} are not in {lang_dir / 'phones.txt'}")
+    lm = KneserNeyLM(sequences, order, vocabulary=phones)
+    disambig = [int(x) for x in (lang_dir / "disambig.int").read_text().split()]
+    with tempfile.TemporaryDirectory(prefix="asrflow-phone-lm-") as tmp:
+        words_txt, arpa = Path(tmp) / "words.txt", Path(tmp) / "lm.arpa"
+        words = word_table(phones)
+        write_table(words_txt, words)
+        lm.write_arpa(arpa)
+        grammar = compile_grammar(arpa, words_txt)
+    lexicon = compile_text_fst(phone_loop_text(phones), phone_ids, {w: i for i, w in enumerate(words)})
+    graph = make_hclg(lexicon, grammar, model.tree, model.tm, disambig)
+    return graph, lm.perplexity(sequences)
