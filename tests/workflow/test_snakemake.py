@@ -11,8 +11,9 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "lstm", "cnn", "ctc", "ctc_phone")  # trained (dnn_sp
-# on speed-perturbed copies, dnn_fmllr on speaker-adapted features, dnn_frag with edge fragments, dnn_mmi with MMI)
+NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "lstm", "cnn", "ctc",
+            "ctc_phone")  # trained (dnn_sp on speed-perturbed copies, dnn_fmllr on speaker-adapted features, dnn_frag
+# with edge fragments, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = pytest.mark.workflow
@@ -170,7 +171,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         errors[system] = summary["errors"]
         assert summary["n_ref_words"] == 232 and 0 < summary["rtf"] < 0.05, (system, summary)
         manifest = json.loads((res / "nnet" / "train" / system / "manifest.json").read_text())
-        learners = 2 if system in ("dnn", "dnn_frag", "dnn_mmi") else 1  # yesno.yaml: two ring learners
+        learners = 2 if system in ("dnn", "dnn_frag", "dnn_mmi", "dnn_mmi_phone") else 1  # yesno.yaml: ring learners
         assert manifest["world_size"] == learners and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
         assert saved["objective"] == ("ctc" if system.startswith("ctc") else "hybrid")
@@ -216,7 +217,9 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
     assert "| dnn_frag | dnn | hybrid, edge fragments (p=1) |" in table
     assert "| dnn_mmi | dnn | hybrid, MMI (w=1) |" in table
-    assert "+ MMI" in (res / "logs" / "nnet.train.dnn_mmi.log").read_text()  # trained against the tri HCLG
+    assert "MMI denominator (graph)" in (res / "logs" / "nnet.train.dnn_mmi.log").read_text()  # the tri HCLG
+    assert "| dnn_mmi_phone | dnn | hybrid, MMI (w=1, phone LM 3) |" in table
+    assert "MMI denominator (phone_lm)" in (res / "logs" / "nnet.train.dnn_mmi_phone.log").read_text()
     assert "| held-out WER % | held-out + edge fragments WER % |" in table
     assert "| sat_fmllr | gmm-hmm (sat) | ML, speaker-adaptive training, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
