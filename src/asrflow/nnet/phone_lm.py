@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from asrflow.data.datadir import read_table
 from asrflow.lang.graph import compile_grammar, compile_text_fst, make_hclg, read_symbols
 from asrflow.lang.lm import KneserNeyLM
 from asrflow.lang.symbols import EPS, word_table, write_table
+from asrflow.nnet import NnetError
 
 
 def phone_sequences(frame_phones: dict[str, str]) -> list[list[str]]:
@@ -46,7 +48,7 @@ def phone_loop_text(phones: list[str]) -> str:
     return "".join(f"0 0 {p} {p}\n" for p in phones) + "0 0 #0 #0\n0\n"
 
 
-def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model, order: int):
+def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model: Any, order: int) -> tuple[Any, float]:
     """The HCLG of an order-``order`` phone LM over the alignments in ``ali_dir/ali/phones.txt``,
     for ``model`` (a :class:`~asrflow.gmm.model.GmmModel`: its tree and transition model) and the
     phones of ``lang_dir``. Returns the FST and the LM's training perplexity."""
@@ -58,7 +60,8 @@ def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model, order: int)
     sequences = phone_sequences(read_table(ali_path))
     unknown = sorted({p for s in sequences for p in s} - set(phones))
     if unknown:
-        raise ValueError(f"{ali_path}: phones {unknown[:5]} are not in {lang_dir / 'phones.txt'}")
+        raise NnetError(f"{ali_path}: phones {unknown[:5]} are not in {lang_dir / 'phones.txt'} (alignments of "
+                        f"another lang?)")
     lm = KneserNeyLM(sequences, order, vocabulary=phones)
     disambig = [int(x) for x in (lang_dir / "disambig.int").read_text().split()]
     with tempfile.TemporaryDirectory(prefix="asrflow-phone-lm-") as tmp:
