@@ -193,3 +193,8 @@ def test_the_phone_lm_denominator_needs_the_lang_and_the_alignments(tmp_path: Pa
         mmi_criterion(TrainOptions(mmi=settings), "dnn", tmp_path, tmp_path, torch.zeros(3))
     with pytest.raises(FileNotFoundError, match="ali/phones.txt"):
         phone_lm_graph(tmp_path, tmp_path, None, 3)
+    (tmp_path / "ali").mkdir()
+    (tmp_path / "ali" / "phones.txt").write_text("u1 SIL SIL Y EH EH S SIL\n")
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nY 2\nEH 3\n#0 4\n")  # no S: another lang's phones
+    with pytest.raises(NnetError, match=r"phones \['S'\] are not in"):
+        phone_lm_graph(tmp_path, tmp_path, None, 3)
