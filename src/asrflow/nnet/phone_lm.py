@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.data.datadir import read_table
-from asrflow.lang.graph import compile_grammar, compile_text_fst, make_hclg, read_symbols
-from asrflow.lang.lm import KneserNeyLM
+from asrflow.kaldi import kfst
+from asrflow.lang.graph import compile_text_fst, make_hclg, read_symbols
+from asrflow.lang.stage import write_grammar
 from asrflow.lang.symbols import EPS, word_table, write_table
 from asrflow.nnet import NnetError
 
@@ -62,14 +63,12 @@ def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model: Any, order:
     if unknown:
         raise NnetError(f"{ali_path}: phones {unknown[:5]} are not in {lang_dir / 'phones.txt'} (alignments of "
                         f"another lang?)")
-    lm = KneserNeyLM(sequences, order, vocabulary=phones)
     disambig = [int(x) for x in (lang_dir / "disambig.int").read_text().split()]
+    words = word_table(phones)
     with tempfile.TemporaryDirectory(prefix="asrflow-phone-lm-") as tmp:
-        words_txt, arpa = Path(tmp) / "words.txt", Path(tmp) / "lm.arpa"
-        words = word_table(phones)
-        write_table(words_txt, words)
-        lm.write_arpa(arpa)
-        grammar = compile_grammar(arpa, words_txt)
+        write_table(Path(tmp) / "words.txt", words)
+        lm = write_grammar([" ".join(s) for s in sequences], phones, order, Path(tmp))  # the lang stage's LM → G
+        grammar = kfst.StdVectorFst.read(str(Path(tmp) / "G.fst"))
     lexicon = compile_text_fst(phone_loop_text(phones), phone_ids, {w: i for i, w in enumerate(words)})
     graph = make_hclg(lexicon, grammar, model.tree, model.tm, disambig)
     return graph, lm.perplexity(sequences)

@@ -90,9 +90,9 @@ def _switched_on(param: str, key: str, label: str, symbol: str) -> str:
 def _mmi_label(param: str) -> str:
     """``, MMI (w=…)``, with ``, phone LM n`` for a phone-LM denominator, when MMI is on, else ""."""
     label = _switched_on(param, "weight", "MMI", "w")
-    if label and "'phone_lm'" in param:
-        order = ast.literal_eval(param).get("phone_lm_order", 3)
-        label = f"{label[:-1]}, phone LM {order})"
+    settings = ast.literal_eval(param) if label else {}  # _switched_on has parsed it: a dict
+    if settings.get("denominator") == "phone_lm":
+        label = f"{label[:-1]}, phone LM {settings.get('phone_lm_order', 3)})"
     return label
 
 
