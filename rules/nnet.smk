@@ -17,7 +17,7 @@ rule nnet:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
-        optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang"),
+        optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang", "init"),
     threads: workflow.cores
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)

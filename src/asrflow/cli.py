@@ -176,7 +176,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
     if rank != 0:  # only rank 0 talks to MLflow
         train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, StageRun(),
                      state_dir=args.state, lang_dir=args.lang, alignments=args.alignments, graph_dir=graph,
-                     log=lambda m: None)
+                     init_dir=args.init, log=lambda m: None)
         return 0
     with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         parallel = parallel_settings(config, args.system)
@@ -185,7 +185,7 @@ def cmd_nnet(args: argparse.Namespace) -> int:
         run.log_params({f"nnet.parallel.effective.{k}": v for k, v in parallel.items()})
         manifest = train_system(config, args.system, args.train, args.data, args.features, gmm, args.out, run,
                                 state_dir=args.state, lang_dir=args.lang, alignments=args.alignments, graph_dir=graph,
-                                log=_log)
+                                init_dir=args.init, log=_log)
         means = ("mean_t_data", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step")
         run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
                                                       "rejected", *means)},
@@ -487,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alignments", help="align stage folder: that GMM's alignments of <train>_sp (speed_perturb)")
     p.add_argument("--graph", help="its HCLG folder (bundled into the MLflow model of a hybrid network; the MMI denominator)")
     p.add_argument("--lang", help="lang folder (its LM is bundled into the MLflow model of a CTC network)")
+    p.add_argument("--init", help="the trained network folder the weights start from (the model's init)")
     p.add_argument("--state", help="folder for the resumable training state (default: <out>/state)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads, shared by the local processes")
     p.set_defaults(func=cmd_nnet)

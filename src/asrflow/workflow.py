@@ -163,7 +163,8 @@ def system_pattern(names: list[str] | tuple[str, ...]) -> str:
 
 def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones
-    TLG; a CTC model with edge fragments the GMM (its alignments)."""
+    TLG; a CTC model with edge fragments the GMM (its alignments); a fine-tuned network (``init``) the trained
+    network it starts from."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
@@ -178,6 +179,8 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
         inputs["graph"] = f"{root}/graph/{train}/{ali}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
+    if "init" in model:
+        inputs["init"] = f"{root}/nnet/{train}/{model['init']}"
     return inputs
 
 

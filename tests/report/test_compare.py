@@ -34,7 +34,8 @@ def test_rows_take_the_newest_run_and_format_the_table() -> None:
 
 
 def test_the_objective_names_the_training_data_and_augmentation() -> None:
-    """A speed-perturbed network and ones trained with edge fragments or MMI say so in the objective column."""
+    """A speed-perturbed network and ones trained with edge fragments or MMI, or fine-tuned, say so in the objective
+    column."""
     runs = [
         _run("nnet-a-train", 1, {}, {"nnet.models.a.type": "dnn", "nnet.effective.train_data": "train_sp",
                                      "nnet.effective.edge_fragments": "{'probability': 0.0, 'max_frames': 30}"}),
@@ -46,11 +47,14 @@ def test_the_objective_names_the_training_data_and_augmentation() -> None:
         _run("nnet-e-train", 5, {}, {"nnet.models.e.type": "dnn", "nnet.effective.mmi":
                                      "{'weight': 1.0, 'acoustic_scale': 0.1, 'denominator': 'phone_lm', "
                                      "'phone_lm_order': 2}"}),
+        _run("nnet-f-train", 6, {}, {"nnet.models.f.type": "dnn", "nnet.effective.init": "d",
+                                     "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
+        _run("nnet-g-train", 7, {}, {"nnet.models.g.type": "dnn", "nnet.effective.init": "none"}),
     ]
-    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e"], ["test"]), ["test"])
+    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e", "f", "g"], ["test"]), ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
     assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid", "hybrid, MMI (w=4)",
-                         "hybrid, MMI (w=1, phone LM 2)"]
+                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid"]
 
 
 def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> None:

@@ -11,9 +11,10 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "lstm", "cnn", "ctc",
+NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "dnn_ft", "lstm", "cnn", "ctc",
             "ctc_phone")  # trained (dnn_sp on speed-perturbed copies, dnn_fmllr on speaker-adapted features, dnn_frag
-# with edge fragments, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM)
+# with edge fragments, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM, dnn_ft fine-tuned
+# from the dnn with MMI)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = pytest.mark.workflow
@@ -171,7 +172,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         errors[system] = summary["errors"]
         assert summary["n_ref_words"] == 232 and 0 < summary["rtf"] < 0.05, (system, summary)
         manifest = json.loads((res / "nnet" / "train" / system / "manifest.json").read_text())
-        learners = 2 if system in ("dnn", "dnn_frag", "dnn_mmi", "dnn_mmi_phone") else 1  # yesno.yaml: ring learners
+        learners = 2 if system in ("dnn", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "dnn_ft") else 1  # yesno.yaml: ring learners
         assert manifest["world_size"] == learners and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
         assert saved["objective"] == ("ctc" if system.startswith("ctc") else "hybrid")
@@ -220,6 +221,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert "MMI denominator (graph)" in (res / "logs" / "nnet.train.dnn_mmi.log").read_text()  # the tri HCLG
     assert "| dnn_mmi_phone | dnn | hybrid, MMI (w=1, phone LM 3) |" in table
     assert "MMI denominator (phone_lm)" in (res / "logs" / "nnet.train.dnn_mmi_phone.log").read_text()
+    assert "| dnn_ft | dnn | hybrid, MMI (w=1), fine-tuned from dnn |" in table
+    tuned = (res / "logs" / "nnet.train.dnn_ft.log").read_text()  # it starts where the dnn ended
+    start = float(re.search(r"initial weights: held-out loss ([0-9.]+)", tuned).group(1))
+    assert json.loads((res / "nnet" / "train" / "dnn_ft" / "manifest.json").read_text())["best_valid_loss"] <= start
     assert "| held-out WER % | held-out + edge fragments WER % |" in table
     assert "| sat_fmllr | gmm-hmm (sat) | ML, speaker-adaptive training, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from asrflow.nnet.sizes import complete_model_config
+from asrflow.nnet.sizes import complete_model_config, network_config
 from asrflow.parallel import overlap_conflict
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -185,6 +185,7 @@ def _check_systems(config: dict[str, Any]) -> None:
         _check_ensemble(name, model, models)
         _check_speed_perturb(config, name)
         _check_mmi(config, name)
+        _check_init(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):
@@ -280,6 +281,44 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
     if model_train(config, name)["chunk_frames"]:
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
+
+
+def _check_init(config: Mapping[str, Any], name: str) -> None:
+    """A network fine-tuned from another (``init``) starts from that network's weights: it names a trained
+    network of the same shape (type, sizes, objective, units, features, alignments), and no chain of
+    ``init`` leads back to itself."""
+    models = config["nnet"]["models"]
+    model = models[name]
+    if "init" not in model:
+        return
+    key = f"config key 'nnet.models.{name}.init'"
+    source = model["init"]
+    if model["type"] == "ensemble":
+        raise ConfigError(f"{key}: an ensemble is assembled from its members, not trained; it has no init")
+    if source not in models:
+        hint = difflib.get_close_matches(source, list(models), n=1)
+        raise ConfigError(f"{key}: {source!r} is not a network in nnet.models"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    other = models[source]
+    if other["type"] == "ensemble":
+        raise ConfigError(f"{key}: {source!r} is an ensemble; init names one trained network")
+    differences = [what for what, mine, theirs in (
+        ("type and sizes", network_config(model), network_config(other)),
+        ("objective", model["objective"], other["objective"]),
+        ("units", (model["units"], model["vocab_size"]) if model["objective"] == "ctc" else None,
+         (other["units"], other["vocab_size"]) if other["objective"] == "ctc" else None),
+        ("features", model_features(config, name), model_features(config, source)),
+        ("alignments", model_alignments(config, name), model_alignments(config, source))) if mine != theirs]
+    if differences:
+        raise ConfigError(f"{key}: {name} cannot start from {source!r}'s weights: their {', '.join(differences)} "
+                          f"differ (a fine-tuned network has its starting network's shape and outputs)")
+    chain = [name]
+    while "init" in models[chain[-1]]:
+        chain.append(models[chain[-1]]["init"])
+        if chain[-1] == name:
+            raise ConfigError(f"{key}: the init chain {' -> '.join(chain)} leads back to {name}")
+        if chain[-1] not in models or chain[-1] in chain[:-1]:
+            break
 
 
 def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:

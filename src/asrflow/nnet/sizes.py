@@ -18,7 +18,8 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
-NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments")
+NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments",
+                 "init")
 
 
 def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.fragments import EdgeFragments, alignment_speech
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
+from asrflow.nnet.sizes import network_config
 from asrflow.nnet.train import TrainOptions, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.parallel.base import ParallelOptions
@@ -203,12 +204,31 @@ def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, g
     return MmiObjective(graph, log_priors, settings["weight"], settings["acoustic_scale"])
 
 
+def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | None) -> dict[str, Any] | None:
+    """The ``final.pt`` of the network ``system`` starts from (its ``init``, trained in ``init_dir``), or None
+    for a network without one; a missing folder or a network of another shape is an NnetError."""
+    source = config["nnet"]["models"][system].get("init")
+    if source is None:
+        return None
+    path = Path(init_dir or "") / "final.pt"
+    if init_dir is None or not path.is_file():
+        raise NnetError(f"{system} starts from {source}'s weights (nnet.models.{system}.init): --init must be "
+                        f"{source}'s trained network folder with final.pt (got {init_dir})")
+    saved = torch.load(path, weights_only=True)
+    mine, theirs = network_config(config["nnet"]["models"][system]), network_config(saved["config"])
+    if mine != theirs or saved["objective"] != config["nnet"]["models"][system]["objective"]:
+        raise NnetError(f"{path} is a {saved['objective']} {theirs} network, not the shape of {system} "
+                        f"({config['nnet']['models'][system]['objective']} {mine}): retrain {source}")
+    return saved
+
+
 def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
                  gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
                  lang_dir: str | Path | None = None, alignments: str | Path | None = None,
-                 graph_dir: str | Path | None = None, log=print) -> dict[str, Any]:
+                 graph_dir: str | Path | None = None, init_dir: str | Path | None = None, log=print) -> dict[str, Any]:
     """Train network ``system`` on ``train_split``; rank 0 writes the folder described above
-    (a hybrid trained with MMI also reads the GMM's decoding graph, ``graph_dir``)."""
+    (a hybrid trained with MMI also reads the GMM's decoding graph, ``graph_dir``; a network with an
+    ``init`` starts from the weights in ``init_dir``)."""
     model = config["nnet"]["models"][system]
     objective = model["objective"]
     out = Path(out_dir)
@@ -216,12 +236,14 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir,
                                                              lang_dir, alignments)
     opts = train_options(config, system)
+    init = initial_weights(config, system, init_dir)
     criterion = mmi_criterion(opts, system, gmm_dir, graph_dir, targets.extra["priors"], lang_dir) \
         if objective == "hybrid" else None
     log(f"{system} ({model['type']}, {objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
         f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
         + (f"; MMI denominator ({opts.mmi.get('denominator', 'graph')}) {criterion.graph.num_states} states, "
-           f"{len(criterion.graph.src)} arcs" if criterion else ""))
+           f"{len(criterion.graph.src)} arcs" if criterion else "")
+        + (f"; starting from {model['init']}'s weights" if init is not None else ""))
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                          f"(see {out / 'report.tsv'})")
@@ -230,7 +252,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     alignments = model_alignments(config, system) if objective == "hybrid" else None  # the GMM of the targets
     run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": features,
-                    "nnet.effective.alignments": alignments or "none"})
+                    "nnet.effective.alignments": alignments or "none", "nnet.effective.init": model.get("init", "none")})
     pending: list[tuple[int, dict]] = []
 
     def log_metrics(step: int, metrics: dict) -> None:
@@ -242,11 +264,11 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
 
     summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
                     objective=objective, extra=targets.extra, state_dir=state_dir or out / "state",
-                    parallel=parallel_options(config, system), criterion=criterion)
+                    parallel=parallel_options(config, system), criterion=criterion, init=init)
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
-                "features": features, "alignments": alignments,
+                "features": features, "alignments": alignments, "init": model.get("init"),
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

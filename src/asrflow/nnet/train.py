@@ -13,6 +13,7 @@ strategies). On a GPU the forward pass runs under bfloat16 autocast
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -99,6 +100,15 @@ def atomic_save(state: dict, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """A hash of a state dict's names and values (a checkpoint resumes only onto the same initial weights)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(weights.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _distributed(timeout: float = 1800.0) -> tuple[int, int, torch.device]:
@@ -218,7 +228,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
           num_classes: int, out_dir: str | Path, log_metrics: Callable[[int, dict], None] = lambda s, m: None,
           log: Callable[[str], None] = print, objective: str = "hybrid",
           extra: dict[str, Any] | None = None, state_dir: str | Path | None = None,
-          parallel: ParallelOptions | None = None, criterion: Callable | None = None) -> dict[str, Any]:
+          parallel: ParallelOptions | None = None, criterion: Callable | None = None,
+          init: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume) and write ``final.pt`` (the best held-out model); returns a summary.
 
     Checkpoints go to ``state_dir`` (default ``out_dir``); one written by a run with another
@@ -230,6 +241,9 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     (e.g. the unit inventory), so a model file is self-describing. ``parallel`` chooses the
     strategy when several learners run under torchrun (default: all-reduce). ``criterion``
     replaces the objective's loss in training and held-out evaluation (hybrid MMI, ``nnet/mmi.py``).
+    ``init`` (the content of another network's ``final.pt``, same shape) gives the starting weights
+    instead of random ones (fine-tuning); that starting model's held-out loss is the one to beat, so
+    ``final.pt`` is never worse on the held-out set than where training began.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
@@ -244,6 +258,11 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     torch.manual_seed(opts.seed)
     input_dim = train_set[0][1].shape[1]
     model = build_model(model_config, input_dim, num_classes).to(device)
+    if init is not None:
+        if (init["input_dim"], init["num_classes"]) != (input_dim, num_classes):
+            raise NnetError(f"the initial weights are for {init['input_dim']}-dimensional input and "
+                            f"{init['num_classes']} classes; this network has {input_dim}-dimensional input and {num_classes} classes")
+        model.load_state_dict(init["model"])
     torch.manual_seed(opts.seed + 7919 * rank)  # same initial model everywhere; own dropout masks per learner
     optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr * parallel.lr_factor(world),
                                   weight_decay=opts.weight_decay)
@@ -258,7 +277,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     ckpt = state_path / CHECKPOINT
     identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
                      sorted((k, v) for k, v in vars(opts).items() if k != "prefetch"),  # prefetching changes no result
-                     len(train_set), world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)})))
+                     len(train_set), world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
+                     weights_digest(init["model"]) if init is not None else None))
     saved = torch.load(ckpt, weights_only=True, map_location=device) if ckpt.is_file() else None
     if saved is not None and saved.get("identity") != identity:
         log(f"ignoring {ckpt}: written by a run with other settings")
@@ -284,6 +304,13 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
             atomic_save({"learners": learners, "state": dict(state), "identity": identity}, ckpt)
 
     valid_part = valid_set.part(rank, world)
+    if init is not None and saved is None:  # the starting model's held-out loss is the one to beat
+        state["best"], state["best_accuracy"] = _held_out(model, valid_part, opts, objective, device, world, loss_fn)
+        state["last"] = state["best"]
+        log(f"initial weights: held-out loss {state['best']:.4f}"
+            + (f", frame accuracy {state['best_accuracy']:.4f}" if state["best_accuracy"] is not None else ""))
+        if rank == 0:
+            atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
     start = time.perf_counter()
     totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0, "bytes": 0.0,
               "steps": 0, "held_out": 0.0}

@@ -67,6 +67,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
         objective += ", speed-perturbed data"
     objective += _switched_on(params.get("nnet.effective.edge_fragments", "{}"), "probability", "edge fragments", "p")
     objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
+    if params.get("nnet.effective.init", "none") != "none":
+        objective += f", fine-tuned from {params['nnet.effective.init']}"
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"

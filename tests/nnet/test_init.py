@@ -1,0 +1,103 @@
+"""Fine-tuning (``nnet.models.<name>.init``): the config checks, the workflow input, and training that starts
+from another network's weights and never ends worse on the held-out set than it started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from .helpers import synthetic_split
+
+NET = {"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.0}
+
+
+def _config(models: dict, systems: list[str] | None = None) -> dict:
+    from asrflow.config import resolve_config
+
+    return resolve_config({"experiment": "x", "corpus": {"name": "yesno"},
+                           "evaluation": {"systems": systems or list(models)}, "nnet": {"models": models}})
+
+
+def test_config_accepts_init_from_a_network_of_the_same_shape_only() -> None:
+    from asrflow.config import ConfigError
+
+    config = _config({"ce": dict(NET), "ft": {**NET, "init": "ce", "train": {"epochs": 2, "mmi": {"weight": 4.0}}}},
+                     ["ft"])
+    assert config["nnet"]["models"]["ft"]["init"] == "ce"
+    with pytest.raises(ConfigError, match=r"'ce2' is not a network in nnet.models \(did you mean 'ce'\?\)"):
+        _config({"ce": dict(NET), "ft": {**NET, "init": "ce2"}})
+    with pytest.raises(ConfigError, match="their type and sizes differ"):
+        _config({"ce": dict(NET), "ft": {**NET, "hidden": 64, "init": "ce"}})
+    with pytest.raises(ConfigError, match="their features, alignments differ"):
+        _config({"ce": dict(NET), "ft": {**NET, "init": "ce", "features": "mfcc", "alignments": "mono"}})
+    with pytest.raises(ConfigError, match="their objective, units differ"):
+        _config({"ce": dict(NET), "ft": {**NET, "init": "ce", "objective": "ctc", "units": "char"}})
+    with pytest.raises(ConfigError, match="leads back"):
+        _config({"a": {**NET, "init": "b"}, "b": {**NET, "init": "a"}})
+    with pytest.raises(ConfigError, match="an ensemble"):
+        _config({"ce": dict(NET), "other": dict(NET), "ens": {"type": "ensemble", "members": ["ce", "other"]},
+                 "ft": {**NET, "init": "ens"}})
+    # the type's default sizes count: a network spelling them out has the same shape as one leaving them out
+    _config({"ce": {"type": "dnn"}, "ft": {"type": "dnn", "hidden": 512, "layers": 4, "init": "ce"}})
+
+
+def test_a_fine_tuned_network_waits_for_the_one_it_starts_from() -> None:
+    from asrflow.workflow import nnet_inputs
+
+    config = _config({"ce": dict(NET), "ft": {**NET, "init": "ce"}}, ["ft"])
+    assert nnet_inputs(config, "train", "ft")["init"].endswith("/nnet/train/ce")
+    assert "init" not in nnet_inputs(config, "train", "ce")
+
+
+def _train(root: Path, labels: dict, out: str, lr: float, init: dict | None = None, epochs: int = 3) -> dict:
+    """Train NET on the synthetic split in ``root`` into ``root/out``: the summary, the log lines, final.pt."""
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.train import TrainOptions, train
+
+    data = FeatureDataset(root / "data", root / "feats", "train", labels)
+    opts = TrainOptions(epochs=epochs, max_frames=500, lr=lr, warmup_steps=2, patience=5, seed=1)
+    logged: list[str] = []
+    summary = train(NET, opts, data, data, 4, root / out, log=logged.append, init=init)
+    return {**summary, "log": logged, "final": torch.load(root / out / "final.pt", weights_only=True)}
+
+
+def test_training_starts_from_the_given_weights_and_keeps_them_unless_it_improves(tmp_path: Path) -> None:
+    from asrflow.nnet import NnetError
+
+    labels = synthetic_split(tmp_path, utterances=24)
+    first = _train(tmp_path, labels, "ce", lr=1e-2, epochs=2)
+    # no learning: the starting model stays the best, so final.pt is its weights exactly
+    frozen = _train(tmp_path, labels, "frozen", lr=0.0, init=first["final"])
+    assert frozen["log"][0].startswith("initial weights: held-out loss")
+    for name, value in first["final"]["model"].items():
+        assert torch.equal(value, frozen["final"]["model"][name]), name
+    assert frozen["best_valid_loss"] == pytest.approx(first["best_valid_loss"], rel=1e-6)
+    # learning on from there: better than the start, never worse
+    tuned = _train(tmp_path, labels, "tuned", lr=1e-2, init=first["final"])
+    assert tuned["best_valid_loss"] < first["best_valid_loss"]
+    with pytest.raises(NnetError, match="5 classes; this network has 40-dimensional input and 4 classes"):
+        _train(tmp_path, labels, "wrong", lr=1e-2, init={**first["final"], "num_classes": 5})
+
+
+def test_the_stage_reads_the_init_networks_final_model_or_says_what_is_missing(tmp_path: Path) -> None:
+    from asrflow.nnet import NnetError
+    from asrflow.nnet.stage import initial_weights
+    from asrflow.nnet.train import weights_digest
+
+    config = _config({"ce": dict(NET), "ft": {**NET, "init": "ce"}, "big": {**NET, "hidden": 64}})
+    assert initial_weights(config, "ce", None) is None
+    with pytest.raises(NnetError, match="--init must be ce's trained network folder"):
+        initial_weights(config, "ft", tmp_path / "missing")
+    weights = {"w": torch.ones(2, 2), "steps": torch.tensor(3)}
+    torch.save({"model": weights, "config": {**NET, "hidden": 64}, "objective": "hybrid", "num_classes": 4,
+                "input_dim": 40}, tmp_path / "final.pt")
+    with pytest.raises(NnetError, match="retrain ce"):
+        initial_weights(config, "ft", tmp_path)
+    torch.save({"model": weights, "config": dict(NET), "objective": "hybrid", "num_classes": 4, "input_dim": 40},
+               tmp_path / "final.pt")
+    assert initial_weights(config, "ft", tmp_path)["num_classes"] == 4
+    # a checkpoint resumes only onto the same starting weights
+    assert weights_digest(weights) == weights_digest({k: v.clone() for k, v in weights.items()})
+    assert weights_digest(weights) != weights_digest({**weights, "w": torch.full((2, 2), 2.0)})
