@@ -88,6 +88,8 @@ def test_the_stage_reads_the_init_networks_final_model_or_says_what_is_missing(t
 
     config = _config({"ce": dict(NET), "ft": {**NET, "init": "ce"}, "big": {**NET, "hidden": 64}})
     assert initial_weights(config, "ce", None) is None
+    with pytest.raises(NnetError, match="ce has no init"):
+        initial_weights(config, "ce", tmp_path)
     with pytest.raises(NnetError, match="--init must be ce's trained network folder"):
         initial_weights(config, "ft", tmp_path / "missing")
     weights = {"w": torch.ones(2, 2), "steps": torch.tensor(3)}

@@ -209,6 +209,9 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
     for a network without one; a missing folder or a network of another shape is an NnetError."""
     source = config["nnet"]["models"][system].get("init")
     if source is None:
+        if init_dir is not None:
+            raise NnetError(f"--init {init_dir} given, but {system} has no init (set nnet.models.{system}.init to "
+                            f"the network it starts from)")
         return None
     path = Path(init_dir or "") / "final.pt"
     if init_dir is None or not path.is_file():
