@@ -255,7 +255,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     alignments = model_alignments(config, system) if objective == "hybrid" else None  # the GMM of the targets
     run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": features,
-                    "nnet.effective.alignments": alignments or "none", "nnet.effective.init": model.get("init", "none")})
+                    "nnet.effective.alignments": alignments or "none",
+                    "nnet.effective.init": model.get("init", "none")})
     pending: list[tuple[int, dict]] = []
 
     def log_metrics(step: int, metrics: dict) -> None:

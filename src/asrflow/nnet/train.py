@@ -261,7 +261,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     if init is not None:
         if (init["input_dim"], init["num_classes"]) != (input_dim, num_classes):
             raise NnetError(f"the initial weights are for {init['input_dim']}-dimensional input and "
-                            f"{init['num_classes']} classes; this network has {input_dim}-dimensional input and {num_classes} classes")
+                            f"{init['num_classes']} classes; this network has {input_dim}-dimensional input and "
+                            f"{num_classes} classes")
         model.load_state_dict(init["model"])
     torch.manual_seed(opts.seed + 7919 * rank)  # same initial model everywhere; own dropout masks per learner
     optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr * parallel.lr_factor(world),
@@ -305,7 +306,8 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
 
     valid_part = valid_set.part(rank, world)
     if init is not None and saved is None:  # the starting model's held-out loss is the one to beat
-        state["best"], state["best_accuracy"] = _held_out(model, valid_part, opts, objective, device, world, loss_fn)
+        state["best"], state["best_accuracy"] = _held_out(model, valid_part, opts, objective, device, world,
+                                                          loss_fn)
         state["last"] = state["best"]
         log(f"initial weights: held-out loss {state['best']:.4f}"
             + (f", frame accuracy {state['best_accuracy']:.4f}" if state["best_accuracy"] is not None else ""))
