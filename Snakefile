@@ -5,6 +5,7 @@
 from asrflow.config import ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS
 from asrflow.workflow import (
     dask_threads,
+    decode_nnet_fingerprint,
     ensemble_inputs,
     ensemble_systems,
     fmllr_inputs,
@@ -31,6 +32,7 @@ from asrflow.workflow import (
     system_pattern,
     tests_of,
     trained_networks,
+    tuned_networks,
     train_split,
 )
 

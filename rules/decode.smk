@@ -81,7 +81,7 @@ rule decode_nnet:
         system=system_pattern(network_systems(config)),
     params:
         config=RESOLVED,
-        fingerprint=lambda wildcards: stage_fingerprint(config, "decode_nnet", system=wildcards.system),
+        fingerprint=lambda wildcards: decode_nnet_fingerprint(config, wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "tune"),
     threads: dask_threads(config, workflow.cores)
     log:
@@ -103,7 +103,7 @@ rule tune_nnet:
         directory(f"{RESULTS}/tune/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system=system_pattern(network_systems(config)),
+        system=system_pattern(tuned_networks(config)),
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "tune", system=wildcards.system),

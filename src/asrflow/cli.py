@@ -275,8 +275,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
             else:
                 info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
                                          args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
-                                         tuned=tuned, log=_log)
+                                         tuned=tuned, threads=args.workers, log=_log)
         run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"])})
+        if "speakers_adapted" in info:  # an adapted network
+            run.log_params({"nnet.adapt.source": info["source"]})
+            run.log_metrics({k: info[k] for k in ("speakers_adapted", "hypotheses_changed", "adaptation_seconds")})
+            run.log_artifact(Path(args.out) / "adaptation.json")
     return 0
 
 

@@ -39,6 +39,8 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
              "nnet.models.{system}"),
     "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
+    # an adapted network fine-tunes its source on each test speaker inside its decode job
+    "decode_adapted": ("seed", "decode", "nnet.decode", "nnet.valid_fraction", "nnet.train", "nnet.models.{system}"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
     "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.decode.shard_utts"),
 }
@@ -147,13 +149,33 @@ def ensemble_systems(config: dict[str, Any]) -> list[str]:
     return [s for s in network_systems(config) if models[s]["type"] == "ensemble"]
 
 
-def trained_networks(config: dict[str, Any]) -> list[str]:
-    """The networks the nnet rule trains: evaluated ones that are not ensembles, and every ensemble's members."""
+def adapted_systems(config: dict[str, Any]) -> list[str]:
+    """The evaluated networks that are adapted ones (a trained source fine-tuned per test speaker when decoding)."""
     models = config["nnet"]["models"]
-    names = [s for s in network_systems(config) if models[s]["type"] != "ensemble"]
-    for ensemble in ensemble_systems(config):
+    return [s for s in network_systems(config) if models[s]["type"] == "adapted"]
+
+
+def tuned_networks(config: dict[str, Any]) -> list[str]:
+    """The networks whose decoders the tune stage tunes: evaluated ones, an adapted network's source in its place
+    (it decodes with its source's settings)."""
+    models = config["nnet"]["models"]
+    names = [s for s in network_systems(config) if models[s]["type"] != "adapted"]
+    return names + [source for s in adapted_systems(config) if (source := models[s]["source"]) not in names]
+
+
+def trained_networks(config: dict[str, Any]) -> list[str]:
+    """The networks the nnet rule trains: the tuned ones that are not ensembles, and every ensemble's members."""
+    models = config["nnet"]["models"]
+    names = [s for s in tuned_networks(config) if models[s]["type"] != "ensemble"]
+    for ensemble in (s for s in tuned_networks(config) if models[s]["type"] == "ensemble"):
         names += [m for m in models[ensemble]["members"] if m not in names]
     return names
+
+
+def decode_nnet_fingerprint(config: dict[str, Any], system: str) -> str:
+    """The decode_nnet rule's fingerprint of network ``system`` (an adapted one's includes its fine-tuning)."""
+    stage = "decode_adapted" if config["nnet"]["models"][system]["type"] == "adapted" else "decode_nnet"
+    return stage_fingerprint(config, stage, system=system)
 
 
 def system_pattern(names: list[str] | tuple[str, ...]) -> str:
@@ -231,11 +253,13 @@ def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[st
 
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
     """Inputs of decoding ``test`` with network ``system``: the network, what it was trained with, and the
-    tuned settings when tuning is on."""
+    tuned settings when tuning is on (an adapted network: its source's)."""
     train = train_split(test)
-    inputs = network_inputs(config, train, system)
+    model = config["nnet"]["models"][system]
+    network = model["source"] if model["type"] == "adapted" else system
+    inputs = network_inputs(config, train, network)
     if config["nnet"]["decode"]["tune"]["enabled"]:
-        inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
+        inputs["tune"] = f"{results_dir(config)}/tune/{train}/{network}"
     return inputs
 
 

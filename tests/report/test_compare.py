@@ -69,3 +69,19 @@ def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> Non
     tri, dnn = (dict(zip(header, line)) for line in body)
     assert dnn["held-out WER %"] == "2.00" and dnn["held-out + edge fragments WER %"] == "12.50"
     assert tri["held-out WER %"] == "" and tri["held-out + edge fragments WER %"] == ""
+
+
+def test_an_adapted_network_is_described_by_its_source() -> None:
+    """An adapted network has no training run: its row takes its source's (model, sizes, parameters) and says so."""
+    adapted = {"nnet.models.sa.type": "adapted", "nnet.models.sa.source": "dnn"}
+    runs = [
+        _run("nnet-dnn-train", 1, {"seconds": 60.0, "parameters": 12345},
+             {"nnet.models.dnn.type": "dnn", "nnet.models.dnn.objective": "hybrid", "nnet.models.dnn.hidden": "512"}),
+        _run("score-dnn-test", 2, {"wer": 0.02, "ser": 0.03, "rtf": 0.01}, adapted),
+        _run("score-sa-test", 3, {"wer": 0.01, "ser": 0.02, "rtf": 0.04}, adapted),
+    ]
+    header, body = table(system_rows(latest_by_stage(runs), ["dnn", "sa"], ["test"]), ["test"])
+    dnn, sa = (dict(zip(header, line)) for line in body)
+    assert dnn["objective"] == "hybrid"
+    assert sa["model"] == "dnn" and sa["objective"] == "hybrid, adapted to each test speaker from dnn"
+    assert sa["sizes"] == "hidden=512" and sa["parameters"] == "12,345" and sa["WER test"] == "1.00"

@@ -16,6 +16,7 @@ NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "dnn_mmi_phone"
 # with edge fragments, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM, dnn_ft fine-tuned
 # from the dnn with MMI)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
+ADAPTED = "dnn_sa"  # the dnn adapted to the test speaker when decoding (no training or tuning of its own)
 
 pytestmark = pytest.mark.workflow
 
@@ -74,7 +75,7 @@ def test_mlflow_runs(yesno_run: Path) -> None:
                          "fmllr-tri-train", "fmllr-sat-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"tune-{s}-train" for s in systems],
-                         *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
+                         *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in (*systems, ADAPTED)]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
     assert len(history) == 40 and history[-1].value > history[1].value
     assert runs["score-tri-test"].data.metrics["wer"] == 0.0
@@ -91,6 +92,8 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     dnn = runs["nnet-dnn-train"].data  # trained by two learner processes passing the model round a ring
     assert dnn.tags["asrflow.strategy"] == "ring" and dnn.params["nnet.parallel.effective.learners"] == "2"
     assert dnn.metrics["mean_bytes_per_step"] > 0 and dnn.metrics["mean_t_calc"] > 0
+    adapted = runs[f"decode-{ADAPTED}-test"].data
+    assert adapted.params["nnet.adapt.source"] == "dnn" and adapted.metrics["speakers_adapted"] == 1
 
 
 def test_nothing_to_redo(yesno_run: Path) -> None:
@@ -212,7 +215,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     summary = json.loads((res / "score" / ENSEMBLE / "test.json").read_text())
     assert summary["n_ref_words"] == 232 and summary["errors"] <= 2 and 0 < summary["rtf"] < 0.05, summary
     table = (res / "compare" / "table.md").read_text()
-    for system in ("mono", "tri", *NETWORKS, ENSEMBLE):
+    for system in ("mono", "tri", *NETWORKS, ENSEMBLE, ADAPTED):
         assert f"| {system} |" in table
     assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
@@ -225,10 +228,32 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     tuned = (res / "logs" / "nnet.train.dnn_ft.log").read_text()  # it starts where the dnn ended
     start = float(re.search(r"initial weights: held-out loss ([0-9.]+)", tuned).group(1))
     assert json.loads((res / "nnet" / "train" / "dnn_ft" / "manifest.json").read_text())["best_valid_loss"] <= start
+    assert f"| {ADAPTED} | dnn | hybrid, adapted to each test speaker from dnn |" in table
     assert "| held-out WER % | held-out + edge fragments WER % |" in table
     assert "| sat_fmllr | gmm-hmm (sat) | ML, speaker-adaptive training, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
+
+
+def test_the_adapted_network_decodes_twice(yesno_run: Path) -> None:
+    """dnn_sa: the dnn's first pass (the dnn's own decode, word for word), the dnn fine-tuned on it for the test
+    speaker, a second pass; the copies are not kept."""
+    res = yesno_run / "results" / "yesno"
+    folder = res / "decode" / ADAPTED / "test"
+    assert (folder / "first_pass.txt").read_text() == (res / "decode" / "dnn" / "test" / "hyp.txt").read_text()
+    decoded = json.loads((folder / "manifest.json").read_text())
+    tuned = json.loads((res / "tune" / "train" / "dnn" / "tune.json").read_text())["chosen"]
+    assert decoded["source"] == "dnn" and decoded["speakers_adapted"] == 1 and decoded["utterances"] == 29
+    assert all(decoded[k] == v for k, v in tuned.items()) and decoded["adaptation_seconds"] > 0
+    (speaker, report), = json.loads((folder / "adaptation.json").read_text())["speakers"].items()
+    assert report["adapted"] and report["utterances"] == 29 and 1 <= report["held_out"] < 29, report
+    assert report["changed"] == decoded["hypotheses_changed"] and not (folder / "speakers").exists()
+    log = (res / "logs" / f"decode.{ADAPTED}.test.log").read_text()
+    start = float(re.search(rf"{speaker}: initial weights: held-out loss ([0-9.]+)", log).group(1))
+    assert report["held_out_loss"] <= start
+    summary = json.loads((res / "score" / ADAPTED / "test.json").read_text())
+    assert summary["n_ref_words"] == 232 and summary["errors"] <= 4 and 0 < summary["rtf"] < 0.5, summary
+    assert not (res / "nnet" / "train" / ADAPTED).exists() and not (res / "tune" / "train" / ADAPTED).exists()
 
 
 def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:

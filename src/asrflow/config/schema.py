@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from asrflow.nnet.sizes import complete_model_config, network_config
+from asrflow.nnet.sizes import SIZES, complete_model_config, network_config
 from asrflow.parallel import overlap_conflict
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -183,12 +183,13 @@ def _check_systems(config: dict[str, Any]) -> None:
                               + f"; networks defined: {', '.join(models) or 'none'}")
     for name, model in models.items():
         _check_ensemble(name, model, models)
+        _check_adapted(name, model, models)
         _check_speed_perturb(config, name)
         _check_mmi(config, name)
         _check_init(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
-                             or models[study["system"]]["type"] == "ensemble"):
+                             or models[study["system"]]["type"] in ("ensemble", "adapted")):
         hint = difflib.get_close_matches(study["system"], list(models), n=1)
         raise ConfigError(f"config key 'nnet.parallel_study.system': {study['system']!r} is not a hybrid network in "
                           f"nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
@@ -216,13 +217,23 @@ def _check_systems(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
 
 
+#: What an ``adapted`` network's fine-tuning changes in ``nnet.train`` before its own ``train`` overrides
+#: (its targets are first-pass hypotheses: a few epochs at a small rate, as fine-tuning does)
+ADAPT_TRAIN = {"epochs": 3, "lr": 0.0005, "schedule": "newbob", "warmup_steps": 1, "speed_perturb": False}
+#: ... and the nested sections it switches off (no copies, fragments or MMI graph for test speakers)
+ADAPT_OFF = {"edge_fragments": {"probability": 0.0}, "mmi": {"weight": 0.0}}
+
+
 def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
-    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides.
+    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides (an ``adapted`` network:
+    with :data:`ADAPT_TRAIN` and :data:`ADAPT_OFF` in between).
 
     A nested section (``specaugment``, ``edge_fragments``) is overlaid key by key, so an override
     names only what it changes and the rest keeps ``nnet.train``'s values (and their defaults).
     """
     base = config["nnet"]["train"]
+    if config["nnet"]["models"][system]["type"] == "adapted":  # a few epochs at a small rate on first-pass labels
+        base = {**base, **ADAPT_TRAIN, **{k: {**base[k], **v} for k, v in ADAPT_OFF.items()}}
     merged = dict(base)
     for key, value in config["nnet"]["models"][system].get("train", {}).items():
         nested = isinstance(value, dict) and isinstance(base.get(key), dict)
@@ -232,20 +243,24 @@ def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
 
 def model_features(config: Mapping[str, Any], system: str) -> str:
     """The feature kind network ``system`` reads: its own ``features``, else ``nnet.features``
-    (an ensemble: its first member's, which all members share)."""
+    (an ensemble: its first member's, which all members share; an adapted network: its source's)."""
     model = config["nnet"]["models"][system]
     if model["type"] == "ensemble" and model.get("members"):
         return model_features(config, model["members"][0])
+    if model["type"] == "adapted" and model.get("source") in config["nnet"]["models"]:
+        return model_features(config, model["source"])
     return model.get("features", config["nnet"]["features"])
 
 
 def model_alignments(config: Mapping[str, Any], system: str) -> str:
     """The GMM system whose alignments, tree and graph hybrid network ``system`` uses (and whose
     fMLLR features it reads): its own ``alignments``, else ``nnet.alignments`` (an ensemble: its
-    first member's, which all members share)."""
+    first member's, which all members share; an adapted network: its source's)."""
     model = config["nnet"]["models"][system]
     if model["type"] == "ensemble" and model.get("members"):
         return model_alignments(config, model["members"][0])
+    if model["type"] == "adapted" and model.get("source") in config["nnet"]["models"]:
+        return model_alignments(config, model["source"])
     return model.get("alignments", config["nnet"]["alignments"])
 
 
@@ -300,8 +315,8 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
         raise ConfigError(f"{key}: {source!r} is not a network in nnet.models"
                           + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     other = models[source]
-    if other["type"] == "ensemble":
-        raise ConfigError(f"{key}: {source!r} is an ensemble; init names one trained network")
+    if other["type"] in ("ensemble", "adapted"):
+        raise ConfigError(f"{key}: {source!r} is an {other['type']} network; init names one trained network")
     differences = [what for what, mine, theirs in (
         ("type and sizes", network_config(model), network_config(other)),
         ("objective", model["objective"], other["objective"]),
@@ -367,6 +382,36 @@ def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) ->
         if other["type"] == "ensemble" or other["objective"] != "hybrid":
             raise ConfigError(f"{key}.members': {member!r} is not a hybrid network (ensembles combine the "
                               f"tied-state posteriors of hybrid networks trained on the same alignments)")
+
+
+def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:
+    """An adapted network names one trained hybrid network of ``models`` (its source); other types name none."""
+    key = f"config key 'nnet.models.{name}"
+    if model["type"] != "adapted":
+        if "source" in model:
+            raise ConfigError(f"{key}.source': only an adapted network has a source (this is a {model['type']} "
+                              f"model)")
+        return
+    own = {"features", "alignments", "init", "parallel"} | {k for sizes in SIZES.values() for k in sizes}
+    extra = sorted(set(model) & own)
+    if extra:
+        raise ConfigError(f"{key}': an adapted network takes its shape, features and GMM from its source; "
+                          f"{', '.join(extra)} not allowed (it has a source and train overrides)")
+    if "source" not in model:
+        raise ConfigError(f"{key}': an adapted network needs a source (a trained hybrid network of nnet.models)")
+    off = sorted(set(model.get("train", {})) & {"speed_perturb", *ADAPT_OFF})
+    if off:
+        raise ConfigError(f"{key}.train': {', '.join(off)} cannot be used in adapting to a test speaker (there are "
+                          f"no copies, fragments or MMI graph of its first-pass labels)")
+    source = model["source"]
+    other = models.get(source)
+    if other is None:
+        hint = difflib.get_close_matches(source, list(models), n=1)
+        raise ConfigError(f"{key}.source': {source!r} is not a network in nnet.models"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    if other["type"] in ("ensemble", "adapted") or other["objective"] != "hybrid" or model["objective"] != "hybrid":
+        raise ConfigError(f"{key}.source': {source!r} is not a trained hybrid network (adaptation fine-tunes one "
+                          f"network's tied-state outputs on its first-pass alignments)")
 
 
 def load_config(*paths: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

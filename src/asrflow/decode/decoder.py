@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,7 @@ class DecodeOptions:
     acoustic_scale: float = 0.1
     insertion_penalty: float = 0.0  # added to the graph cost of every output word
     frame_shift: float = 0.01
+    alignments: bool = False  # keep each best path's transition ids (first passes of speaker adaptation)
 
 
 def gmm_decode_options(decode: dict) -> DecodeOptions:
@@ -50,6 +51,7 @@ class DecodeResult:
     failed: list[str]
     frames: int
     seconds: float
+    alignments: dict[str, np.ndarray] = field(default_factory=dict)  # utterance -> transition ids (opts.alignments)
 
 
 def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
@@ -79,7 +81,8 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
     """Run the lattice-faster decoder over ``(utt, frames, make_decodable)`` items; 1-best words.
 
     Shared by every acoustic model: GMMs give a GMM decodable, networks a matrix of
-    pseudo-log-likelihoods. An utterance with no surviving path gets a partial result.
+    pseudo-log-likelihoods. An utterance with no surviving path gets a partial result. With
+    ``opts.alignments`` each successful utterance's best path is kept as transition ids.
     Without a transition model (``trans_model`` None: a TLG graph, whose input labels are
     CTC classes + 1) Kaldi's faster decoder finds the best path instead.
     """
@@ -90,7 +93,7 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
         config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
                                                 lattice_beam=opts.lattice_beam)
         decoder = khg.LatticeFasterDecoder(graph, config)
-    hyps, failed, total = {}, [], 0
+    hyps, failed, total, alignments = {}, [], 0, {}
     start = time.perf_counter()
     for utt, frames, make in decodables:
         if trans_model is None:
@@ -98,14 +101,16 @@ def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
             ok, path = decoder.get_best_path()
             words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
         else:
-            ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
-                                                                  trans_model=trans_model, utt=utt,
-                                                                  allow_partial=True)
+            ok, path, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
+                                                                     trans_model=trans_model, utt=utt,
+                                                                     allow_partial=True)
+            if ok and opts.alignments:
+                alignments[utt] = np.asarray(path, dtype=np.int32)
         hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)
         total += frames
-    return DecodeResult(hyps, failed, total, time.perf_counter() - start)
+    return DecodeResult(hyps, failed, total, time.perf_counter() - start, alignments)
 
 
 def per_setting(settings: list[DecodeOptions],

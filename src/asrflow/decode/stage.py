@@ -142,12 +142,19 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
 def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
                       feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
                       gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
-                      tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
-    """Decode split ``test`` with network ``system`` (see :func:`decode_network` for how each kind is searched).
+                      tuned: dict[str, float] | None = None, threads: int | None = None,
+                      log=print) -> dict[str, Any]:
+    """Decode split ``test`` with network ``system`` (see :func:`decode_network` for how each kind is searched;
+    an adapted network: :func:`asrflow.nnet.adapt.decode_adapted`, whose fine-tuning takes ``threads``).
 
     ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty,
     or LM weight and word bonus.
     """
+    if config["nnet"]["models"][system]["type"] == "adapted":
+        from asrflow.nnet.adapt import decode_adapted
+
+        return decode_adapted(config, system, net_dir, data_dir, feats_dir, lang_dir, test, out_dir, client,
+                              gmm_dir, graph_dir, tuned, threads=threads, log=log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shards = split_shards(data_dir, feats_dir, lang_dir, test, config["nnet"]["decode"]["shard_utts"], deltas=0)

@@ -15,11 +15,12 @@ SIZES: dict[str, dict[str, Any]] = {
     "cnn": {"channels": [32, 32], "tdnn_dim": 384, "tdnn_dilations": [1, 2, 3, 3], "subsampling": 1,
             "dropout": 0.1},
     "ensemble": {"members": [], "combine": "log_linear"},
+    "adapted": {},  # a trained network (source) fine-tuned to each test speaker at decoding time: its sizes
 }
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
 NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments",
-                 "init")
+                 "init", "source")
 
 
 def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:

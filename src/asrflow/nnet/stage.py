@@ -137,6 +137,9 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     if model["type"] == "ensemble":
         raise NnetError(f"{system!r} is an ensemble of trained networks: `asrflow ensemble` assembles it from "
                         f"{', '.join(model['members'])}; it is not trained")
+    if model["type"] == "adapted":
+        raise NnetError(f"{system!r} is {model['source']!r} adapted to each test speaker: `asrflow decode` makes it "
+                        f"when decoding; it is not trained")
     data_dir = Path(data_dir)
     perturbed = model_train(config, system)["speed_perturb"]
     source = perturbed_split(train_split) if perturbed else train_split

@@ -120,16 +120,20 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
     rows = []
     main_train = train_split(tests[0])
     for system in systems:
+        source = _adapted_source(system, [run for t in tests if (run := latest.get(f"score-{system}-{t}"))])
+        network = source or system  # an adapted network was trained as its source
         training = (latest.get(f"gmm-{system.removesuffix('_fmllr')}-{main_train}")
-                    or latest.get(f"nnet-{system}-{main_train}"))
-        row = SystemRow(system, _settings(system, training.params) if training else {})
+                    or latest.get(f"nnet-{network}-{main_train}"))
+        row = SystemRow(system, _settings(network, training.params) if training else {})
+        if source and row.settings:
+            row.settings["objective"] += f", adapted to each test speaker from {source}"
         if training:
             row.train_seconds = training.metrics.get("seconds")
             row.parameters = training.metrics.get("parameters")
             row.frames_per_second = training.metrics.get("mean_frames_per_second")
             row.run_id = training.run_id
             row.frame_accuracy = training.metrics.get("best_valid_frame_accuracy")
-            if tune := latest.get(f"tune-{system}-{main_train}"):
+            if tune := latest.get(f"tune-{network}-{main_train}"):
                 row.held_out_wer = tune.metrics.get("held_out_wer")
                 row.fragment_wer = tune.metrics.get("edge_fragment_wer")
             if training.params.get("nnet.parallel.effective.learners", "1") != "1":
@@ -145,6 +149,15 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
                 row.rtf.append(score.metrics["rtf"])
         rows.append(row)
     return rows
+
+
+def _adapted_source(system: str, runs: list[RunRecord]) -> str | None:
+    """The network an adapted network (``type: adapted``) fine-tunes per test speaker, from the resolved config
+    its runs logged; None for any other system."""
+    for run in runs:
+        if run.params.get(f"nnet.models.{system}.type") == "adapted":
+            return run.params.get(f"nnet.models.{system}.source")
+    return None
 
 
 def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list[str]]]:
