@@ -36,6 +36,9 @@ def test_config_of_an_adapted_network() -> None:
     assert train["mmi"]["weight"] == 0.0
     assert model_train(config, "dnn")["epochs"] == 15
     assert model_features(config, "sa") == "mfcc"  # the source's
+    assert config["nnet"]["models"]["sa"]["rounds"] == 1
+    assert _config({"dnn": dict(NET), "sa": {"type": "adapted", "source": "dnn", "rounds": 2}})["nnet"]["models"][
+        "sa"]["rounds"] == 2
     with pytest.raises(ConfigError, match=r"'dnx' is not a network in nnet.models \(did you mean 'dnn'\?\)"):
         _config({"dnn": dict(NET), "sa": {"type": "adapted", "source": "dnx"}})
     with pytest.raises(ConfigError, match="needs a source"):

@@ -393,6 +393,7 @@ def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> 
                               f"model)")
         return
     own = {"features", "alignments", "init", "parallel"} | {k for sizes in SIZES.values() for k in sizes}
+    own -= set(SIZES["adapted"])
     extra = sorted(set(model) & own)
     if extra:
         raise ConfigError(f"{key}': an adapted network takes its shape, features and GMM from its source; "

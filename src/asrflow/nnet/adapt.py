@@ -6,7 +6,9 @@ decodes the test split with its tuned settings; each utterance's best path gives
 (tied states); for each speaker a copy of the network is fine-tuned on its own utterances'
 targets for a few epochs at a small rate (``nnet.train`` with :data:`~asrflow.config.schema.ADAPT_TRAIN`
 and the network's ``train`` overrides), early-stopped on a held-out part of them, and the
-speaker is decoded again with that copy. The reference transcripts are never read.
+speaker is decoded again with that copy. With ``rounds`` > 1 that pass's best paths become the
+targets of the next copy, again fine-tuned from the source. The reference transcripts are never
+read.
 
 The held-out loss is measured against first-pass targets too, so it can only tell how well a
 copy fits its speaker's hypotheses; as in :func:`asrflow.nnet.train.train` with ``init``, a
@@ -117,35 +119,47 @@ def decode_adapted(config: dict[str, Any], system: str, net_dir: str | Path, dat
     first = [r[0] for r in per_shard]
     (out / "first_pass.txt").write_text("".join(f"{utt} {' '.join(words)}".rstrip() + "\n"
                                                 for r in first for utt, words in r.hyps.items()), encoding="utf-8")
-    targets = first_pass_targets(first, GmmModel.load(gmm_dir).tid2pdf)
+    tid2pdf = GmmModel.load(gmm_dir).tid2pdf
+    targets = first_pass_targets(first, tid2pdf)
     speakers = speakers_of([u for s in shards for u in s.utts], read_table(Path(data_dir) / test / "utt2spk"))
     network = torch.load(Path(net_dir) / "final.pt", weights_only=True, map_location="cpu")
+    rounds = config["nnet"]["models"][system]["rounds"]
     second: dict[str, DecodeResult] = {}
     report: dict[str, Any] = {}
     tuning = 0.0
     first_hyps = {utt: words for r in first for utt, words in r.hyps.items()}
     for spk, utts in speakers.items():
         work = out / "speakers" / spk
-        if threads:  # a decoding task in this process may have left torch with one thread
-            torch.set_num_threads(threads)
-        t0 = time.perf_counter()
-        info = adapt_speaker(config, system, Path(net_dir), network, data_dir, feats_dir, test, utts, targets, work,
-                             log=lambda m, spk=spk: log(f"{spk}: {m}"))
-        tuning += time.perf_counter() - t0
-        if info is None:
+        spk_shards = split_shards(data_dir, feats_dir, lang_dir, test, shard_utts, deltas=0, only=set(utts))
+        spk_targets, info, result = targets, None, None
+        for round_ in range(rounds):  # each round fine-tunes the source on the latest pass's best paths
+            if threads:  # a decoding task in this process may have left torch with one thread
+                torch.set_num_threads(threads)
+            t0 = time.perf_counter()
+            shutil.rmtree(work, ignore_errors=True)
+            adapted = adapt_speaker(config, system, Path(net_dir), network, data_dir, feats_dir, test, utts,
+                                    spk_targets, work, log=lambda m, spk=spk: log(f"{spk}: {m}"))
+            tuning += time.perf_counter() - t0
+            if adapted is None:
+                break
+            info = adapted
+            more = round_ + 1 < rounds
+            _, results = decode_network(config, source, work, lang_dir, spk_shards, client,
+                                        [{**(tuned or {}), "alignments": more}], gmm_dir, graph_dir,
+                                        desc=f"decode-{system}-{spk}")
+            result = merged_result([r[0] for r in results], {}, {}, 0.0)
+            if more:
+                spk_targets = first_pass_targets([r[0] for r in results], tid2pdf)
+        if info is None or result is None:
             log(f"{spk}: fewer than two utterances with first-pass words; the first pass stands")
             report[spk] = {"utterances": sum(u in targets for u in utts), "adapted": False}
             continue
-        spk_shards = split_shards(data_dir, feats_dir, lang_dir, test, shard_utts, deltas=0, only=set(utts))
-        _, results = decode_network(config, source, work, lang_dir, spk_shards, client, [tuned or {}], gmm_dir,
-                                    graph_dir, desc=f"decode-{system}-{spk}")
-        result = merged_result([r[0] for r in results], {}, {}, 0.0)
         second[spk] = result
         changed = sum(result.hyps.get(u) != first_hyps.get(u) for u in utts)
-        report[spk] = {**info, "adapted": True, "changed": changed}
+        report[spk] = {**info, "adapted": True, "rounds": rounds, "changed": changed}
         log(f"{spk}: adapted on {info['utterances'] - info['held_out']} utterances, {info['held_out']} held out "
-            f"({info['epochs']} epochs, held-out loss {info['held_out_loss']:.4f}); {changed} of {len(utts)} "
-            f"hypotheses changed")
+            f"({rounds} round(s), last {info['epochs']} epochs, held-out loss {info['held_out_loss']:.4f}); "
+            f"{changed} of {len(utts)} hypotheses changed")
     shutil.rmtree(out / "speakers", ignore_errors=True)
     merged = merged_result(first, second, speakers, tuning)
     (out / "adaptation.json").write_text(json.dumps({"source": source, "speakers": report}, indent=2) + "\n")
