@@ -244,24 +244,26 @@ def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
 def model_features(config: Mapping[str, Any], system: str) -> str:
     """The feature kind network ``system`` reads: its own ``features``, else ``nnet.features``
     (an ensemble: its first member's, which all members share; an adapted network: its source's)."""
-    model = config["nnet"]["models"][system]
-    if model["type"] == "ensemble" and model.get("members"):
-        return model_features(config, model["members"][0])
-    if model["type"] == "adapted" and model.get("source") in config["nnet"]["models"]:
-        return model_features(config, model["source"])
-    return model.get("features", config["nnet"]["features"])
+    if (other := _reads_as(config, system)) is not None:
+        return model_features(config, other)
+    return config["nnet"]["models"][system].get("features", config["nnet"]["features"])
 
 
 def model_alignments(config: Mapping[str, Any], system: str) -> str:
     """The GMM system whose alignments, tree and graph hybrid network ``system`` uses (and whose
     fMLLR features it reads): its own ``alignments``, else ``nnet.alignments`` (an ensemble: its
     first member's, which all members share; an adapted network: its source's)."""
+    if (other := _reads_as(config, system)) is not None:
+        return model_alignments(config, other)
+    return config["nnet"]["models"][system].get("alignments", config["nnet"]["alignments"])
+
+
+def _reads_as(config: Mapping[str, Any], system: str) -> str | None:
+    """The network whose features and alignments network ``system`` takes: an ensemble's first member, an adapted
+    network's source (None for a network with its own, or a name not yet checked to exist)."""
     model = config["nnet"]["models"][system]
-    if model["type"] == "ensemble" and model.get("members"):
-        return model_alignments(config, model["members"][0])
-    if model["type"] == "adapted" and model.get("source") in config["nnet"]["models"]:
-        return model_alignments(config, model["source"])
-    return model.get("alignments", config["nnet"]["alignments"])
+    other = {"ensemble": (model.get("members") or [None])[0], "adapted": model.get("source")}.get(model["type"])
+    return other if other in config["nnet"]["models"] else None
 
 
 def _check_features(config: Mapping[str, Any], name: str) -> None:

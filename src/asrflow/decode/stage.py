@@ -75,13 +75,25 @@ def decode_gmm(config: dict[str, Any], model_dir: str | Path, graph_dir: str | P
     return settings, results
 
 
-def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float, settings: dict[str, Any],
-                 log=print) -> dict[str, Any]:
-    """Write ``hyp.txt`` (one ``utt words`` line each) and ``manifest.json`` (RTF, failures, settings)."""
-    with open(out / "hyp.txt", "w", encoding="utf-8") as hyp:
+def write_hyps(path: Path, results: list[DecodeResult]) -> None:
+    """The results' hypotheses, one ``utt words`` line each."""
+    with open(path, "w", encoding="utf-8") as hyp:
         for r in results:
             for utt, words in r.hyps.items():
                 hyp.write(f"{utt} {' '.join(words)}".rstrip() + "\n")
+
+
+def decoder_settings(opts: Any) -> dict[str, Any]:
+    """The settings a network decode was run with, for its manifest (a hybrid's or TLG's acoustic scale and
+    penalty, a prefix search's LM weight and bonus; beam and active states)."""
+    keys = ("acoustic_scale", "insertion_penalty", "beam", "max_active", "lm_weight", "word_bonus")
+    return {k: getattr(opts, k) for k in keys if hasattr(opts, k)}
+
+
+def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float, settings: dict[str, Any],
+                 log=print) -> dict[str, Any]:
+    """Write ``hyp.txt`` (:func:`write_hyps`) and ``manifest.json`` (RTF, failures, settings)."""
+    write_hyps(out / "hyp.txt", results)
     info = {"test": test, "utterances": sum(len(r.hyps) for r in results), "frames": sum(r.frames for r in results),
             "failed": sorted(u for r in results for u in r.failed), "rtf": rtf(results),
             "wall_seconds": round(wall, 3), **settings}
@@ -161,7 +173,5 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
     start = time.perf_counter()
     (opts,), per_shard = decode_network(config, system, net_dir, lang_dir, shards, client, [tuned or {}],
                                         gmm_dir, graph_dir, desc=f"decode-{system}-{test}")
-    keys = ("acoustic_scale", "insertion_penalty", "beam", "max_active", "lm_weight", "word_bonus")
-    settings = {k: getattr(opts, k) for k in keys if hasattr(opts, k)}
     return write_decode(out, test, [r[0] for r in per_shard], time.perf_counter() - start,
-                        {"system": system, **settings, "tuned": bool(tuned)}, log)
+                        {"system": system, **decoder_settings(opts), "tuned": bool(tuned)}, log)

@@ -101,7 +101,7 @@ def decode_adapted(config: dict[str, Any], system: str, net_dir: str | Path, dat
     import torch
 
     from asrflow.data.datadir import read_table
-    from asrflow.decode.stage import decode_network, write_decode
+    from asrflow.decode.stage import decode_network, decoder_settings, write_decode, write_hyps
     from asrflow.gmm.model import GmmModel
     from asrflow.gmm.shards import split_shards
 
@@ -117,8 +117,7 @@ def decode_adapted(config: dict[str, Any], system: str, net_dir: str | Path, dat
                                         [{**(tuned or {}), "alignments": True}], gmm_dir, graph_dir,
                                         desc=f"first-pass-{system}-{test}")
     first = [r[0] for r in per_shard]
-    (out / "first_pass.txt").write_text("".join(f"{utt} {' '.join(words)}".rstrip() + "\n"
-                                                for r in first for utt, words in r.hyps.items()), encoding="utf-8")
+    write_hyps(out / "first_pass.txt", first)
     tid2pdf = GmmModel.load(gmm_dir).tid2pdf
     targets = first_pass_targets(first, tid2pdf)
     speakers = speakers_of([u for s in shards for u in s.utts], read_table(Path(data_dir) / test / "utt2spk"))
@@ -163,8 +162,7 @@ def decode_adapted(config: dict[str, Any], system: str, net_dir: str | Path, dat
     shutil.rmtree(out / "speakers", ignore_errors=True)
     merged = merged_result(first, second, speakers, tuning)
     (out / "adaptation.json").write_text(json.dumps({"source": source, "speakers": report}, indent=2) + "\n")
-    keys = ("acoustic_scale", "insertion_penalty", "beam", "max_active")
-    settings = {"system": system, "source": source, **{k: getattr(opts, k) for k in keys}, "tuned": bool(tuned),
+    settings = {"system": system, "source": source, **decoder_settings(opts), "tuned": bool(tuned),
                 "speakers_adapted": sum(r["adapted"] for r in report.values()),
                 "hypotheses_changed": sum(r.get("changed", 0) for r in report.values()),
                 "adaptation_seconds": round(tuning, 3)}
