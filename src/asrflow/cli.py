@@ -50,6 +50,8 @@ def cmd_data(args: argparse.Namespace) -> int:
             "wall_seconds": summary.wall_seconds, "x_real_time": summary.x_real_time,
             **{f"split.{k}.utterances": v["utterances"] for k, v in summary.splits.items()},
             **{f"rejected.{k.replace(' ', '_')}": v for k, v in summary.rejected_by_reason.items()},
+            **{f"extra_training.{tag}.{k}": v for tag, stats in summary.extra_training.items()
+               for k, v in stats.items()},
         })
         run.set_tags({"asrflow.corpus": summary.corpus, "asrflow.corpus_fingerprint": summary.fingerprint})
         run.log_artifact(out / "report.tsv")

@@ -350,6 +350,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                                        "edge_fragments": {"probability": 0.0, "max_frames": 30},
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
+                                             "corpus": {"extra_training": []},
                                              "": {"audio.speed_perturb": []}}
 
 

@@ -52,13 +52,17 @@ def _deref(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, A
 
 
 def _fill_defaults(instance: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> None:
-    """Recursively set ``default`` values of missing properties (objects only).
+    """Recursively set ``default`` values of missing properties (of objects, and of objects in arrays).
 
     Follows local ``$ref`` and ``additionalProperties`` schemas (named entries such as
     ``nnet.models.<name>``); a schema marked ``x-no-defaults`` (overrides) is left as given.
     """
     root = root or schema
     schema = _deref(schema, root)
+    if isinstance(instance, list) and isinstance(schema.get("items"), Mapping):
+        for item in instance:
+            _fill_defaults(item, schema["items"], root)
+        return
     if not isinstance(instance, dict) or schema.get("x-no-defaults"):
         return
     properties = schema.get("properties", {})

@@ -1,7 +1,9 @@
 """The Kaldi data-dir contract: ``wav.scp``, ``text``, ``utt2spk``, ``spk2utt``, ``utt2dur``,
 ``segments`` (only when utterances are parts of recordings) and ``utt2sr`` (the source
-sample rate, so the features stage knows what to resample), and ``utt2speed`` (only when some
-utterance is a speed-perturbed copy: its factor, see :mod:`asrflow.data.perturb`).
+sample rate, so the features stage knows what to resample), ``utt2speed`` (only when some
+utterance is a speed-perturbed copy: its factor, see :mod:`asrflow.data.perturb`) and
+``utt2corpus`` (only when some utterances come from ``corpus.extra_training``: for each of them,
+the corpus it comes from; the others are the experiment's own corpus's).
 
 Files are sorted in C-locale order (Python string order), one ``key value`` per line, UTF-8.
 A ``wav.scp`` value is the rest of its line, so paths with spaces or quotes survive.
@@ -58,6 +60,10 @@ def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
         _write_table(folder / "utt2speed", ((u.utt_id, f"{u.speed:g}") for u in utts))
     elif (folder / "utt2speed").exists():
         (folder / "utt2speed").unlink()
+    if any(u.corpus for u in utts):
+        _write_table(folder / "utt2corpus", ((u.utt_id, u.corpus) for u in utts if u.corpus))
+    elif (folder / "utt2corpus").exists():
+        (folder / "utt2corpus").unlink()
 
 
 def read_table(path: Path) -> dict[str, str]:
@@ -82,6 +88,7 @@ def read_data_dir(folder: str | Path) -> list[Utterance]:
     rate = read_table(folder / "utt2sr")
     segments = read_table(folder / "segments") if (folder / "segments").is_file() else {}
     speed = read_table(folder / "utt2speed") if (folder / "utt2speed").is_file() else {}
+    corpus = read_table(folder / "utt2corpus") if (folder / "utt2corpus").is_file() else {}
     out = []
     for utt in sorted(text):
         if utt not in spk or utt not in dur:
@@ -94,5 +101,18 @@ def read_data_dir(folder: str | Path) -> list[Utterance]:
         if rec not in wavs:
             raise DataDirError(f"{folder}: recording {rec} of {utt} is missing from wav.scp")
         out.append(Utterance(utt, spk[utt], wavs[rec], text[utt], float(dur[utt]), int(rate[utt]),
-                             rec, start_s, end_s, speed=float(speed.get(utt, 1.0))))
+                             rec, start_s, end_s, speed=float(speed.get(utt, 1.0)), corpus=corpus.get(utt, "")))
     return out
+
+
+def extra_utterances(folder: str | Path) -> set[str]:
+    """The utterances of data dir ``folder`` that come from ``corpus.extra_training`` corpora (training only:
+    kept out of the LM, the held-out utterances and decoder tuning)."""
+    path = Path(folder) / "utt2corpus"
+    return set(read_table(path)) if path.is_file() else set()
+
+
+def own_texts(folder: str | Path) -> dict[str, str]:
+    """Transcripts of the utterances of ``folder`` that are the experiment's own corpus's."""
+    extra = extra_utterances(folder)
+    return {u: t for u, t in read_table(Path(folder) / "text").items() if u not in extra}

@@ -1,12 +1,15 @@
 """The data stage: list a corpus, validate every utterance on Dask, write Kaldi data dirs.
 
+The corpora of ``corpus.extra_training`` are listed and validated the same way; their
+utterances join every training split (and ``all``), marked in ``utt2corpus``.
+
 Output folder::
 
     all/            every valid utterance (features are computed once over it)
     <split>/        one Kaldi data dir per split (train, test, loso_<spk>_train, ...)
     <train>_sp/     with audio.speed_perturb: a training split and its speed-perturbed copies
     report.tsv      rejected utterances: utt_id, file, reason
-    manifest.json   counts, hours, rejections by reason, splits, corpus fingerprint
+    manifest.json   counts, hours, rejections by reason, splits, corpus fingerprint, extra corpora
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.cluster import run_sharded, shard
-from asrflow.corpus import CorpusError, recipe_from_config
+from asrflow.corpus import CorpusError, Recipe, recipe_from_config
 from asrflow.data.datadir import write_data_dir
 from asrflow.data.perturb import copy_factors, perturbed_split, with_copies
 from asrflow.data.validate import Rejection, Utterance, check_audio_batch, check_text
@@ -42,6 +45,7 @@ class DataSummary:
     fingerprint: str
     wall_seconds: float = 0.0
     sample_rates: dict[str, int] = field(default_factory=dict)
+    extra_training: dict[str, dict[str, Any]] = field(default_factory=dict)  # corpus.extra_training, by tag
 
     @property
     def x_real_time(self) -> float:
@@ -64,6 +68,8 @@ def _reason_kind(reason: str) -> str:
             return f"duration {word} bounds"
     if head.startswith("line ") and "UTF-8" in head:
         return "not valid UTF-8"
+    if head.startswith("duplicate speaker"):
+        return "duplicate speaker id"
     if head.startswith("duplicate"):
         return "duplicate utterance id"
     return head
@@ -83,15 +89,14 @@ def _split_stats(members: list[Utterance]) -> dict[str, Any]:
             "hours": round(sum(u.duration for u in members) / 3600.0, 6)}
 
 
-def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=print) -> DataSummary:
-    """Run the data stage for the resolved ``config`` into ``out_dir`` using a Dask ``client``."""
-    start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    recipe = recipe_from_config(config["corpus"])
+def _validated(corpus: dict[str, Any], config: dict[str, Any], client: Any, tag: str,
+               log=print) -> tuple[Recipe, list[Utterance], list[Rejection]]:
+    """List corpus ``corpus`` (a resolved corpus section), check its text and audio on Dask; returns its
+    recipe, the valid utterances (their ``corpus`` field set to ``tag``) and the rejections."""
+    recipe = recipe_from_config(corpus)
     listing = recipe.list_utterances()
-    log(f"{recipe.name}: {len(listing.utterances)} utterances listed")
-    texts, rejected = check_text(listing.utterances, config["corpus"]["language"])
+    log(f"{recipe.name}{f' ({tag})' if tag else ''}: {len(listing.utterances)} utterances listed")
+    texts, rejected = check_text(listing.utterances, corpus["language"])
     candidates, taken = [], set()
     for raw in listing.utterances:
         if raw.utt_id in texts and raw.utt_id not in taken:
@@ -108,38 +113,93 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
             rejected.append(Rejection(raw.utt_id, raw.audio, check.reason))
             continue
         valid.append(Utterance(raw.utt_id, raw.speaker, raw.audio, texts[raw.utt_id], check.duration,
-                               check.sample_rate, raw.recording_id, raw.start, raw.end, check.checksum))
+                               check.sample_rate, raw.recording_id, raw.start, raw.end, check.checksum, corpus=tag))
+    return recipe, valid, rejected
+
+
+def extra_tags(extras: list[dict[str, Any]]) -> list[str]:
+    """A name per ``corpus.extra_training`` entry: ``<recipe>_<language>``, numbered when repeated."""
+    tags: list[str] = []
+    for extra in extras:
+        tag = f"{extra['name']}_{extra['language']}"
+        tags.append(tag if tag not in tags else f"{tag}_{len(tags) + 1}")
+    return tags
+
+
+def _without_clashes(own: list[Utterance], extra: list[Utterance]) -> tuple[list[Utterance], list[Rejection]]:
+    """``extra`` less the utterances whose id an earlier corpus already has, or whose speaker id the
+    experiment's own corpus has (rejected: one id for two speakers would pool their CMVN and fMLLR)."""
+    seen = {u.utt_id for u in own}
+    speakers = {u.speaker for u in own if not u.corpus}
+    kept, rejected = [], []
+    for u in extra:
+        if u.utt_id in seen:
+            rejected.append(Rejection(u.utt_id, u.audio, f"duplicate utterance id (corpus.extra_training {u.corpus} "
+                                                         "repeats an id another corpus has)"))
+            continue
+        if u.speaker in speakers:
+            rejected.append(Rejection(u.utt_id, u.audio, f"duplicate speaker id {u.speaker} (corpus.extra_training "
+                                                         f"{u.corpus} has a speaker of the experiment's corpus)"))
+            continue
+        seen.add(u.utt_id)
+        kept.append(u)
+    return kept, rejected
+
+
+def is_training_split(name: str) -> bool:
+    """Whether split ``name`` is one that acoustic models train on (``train``, ``loso_<spk>_train``)."""
+    return name.endswith("train")
+
+
+def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=print) -> DataSummary:
+    """Run the data stage for the resolved ``config`` into ``out_dir`` using a Dask ``client``."""
+    start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    audio = config["audio"]
+    recipe, valid, rejected = _validated(config["corpus"], config, client, "", log)
     if not valid:
         write_report(out / "report.tsv", rejected)
         raise CorpusError(f"no utterance of {recipe.name} survived validation; see {out / 'report.tsv'}")
-    write_data_dir(out / "all", valid)
+    extras: list[Utterance] = []
+    extra_stats: dict[str, dict[str, Any]] = {}
+    for corpus, tag in zip(config["corpus"]["extra_training"], extra_tags(config["corpus"]["extra_training"])):
+        _, found, dropped = _validated(corpus, config, client, tag, log)
+        found, duplicates = _without_clashes(valid + extras, found)
+        extras += found
+        rejected += dropped + duplicates
+        extra_stats[tag] = {**_split_stats(found), "rejected": len(dropped) + len(duplicates)}
+        log(f"  extra training corpus {tag}: {len(found)} utterances join every training split")
+    write_data_dir(out / "all", valid + extras)
     by_id = {u.utt_id: u for u in valid}
     splits = recipe.splits({u.utt_id: u.speaker for u in valid})
     split_stats = {}
     for name, ids in splits.items():
-        members = [by_id[i] for i in ids]
+        members = [by_id[i] for i in ids] + (extras if is_training_split(name) else [])
         write_data_dir(out / name, members)
         split_stats[name] = _split_stats(members)
         log(f"  split {name}: {len(members)} utterances")
     factors = copy_factors(audio["speed_perturb"])
-    for name in [n for n in splits if n.endswith("train") and factors]:
-        members = with_copies((by_id[i] for i in splits[name]), factors)
+    for name in [n for n in splits if is_training_split(n) and factors]:
+        members = with_copies([by_id[i] for i in splits[name]] + extras, factors)
         write_data_dir(out / perturbed_split(name), members)
         split_stats[perturbed_split(name)] = _split_stats(members)
         log(f"  split {perturbed_split(name)}: {len(members)} utterances (speeds 1, {', '.join(map(str, factors))})")
     write_report(out / "report.tsv", rejected)
     summary = DataSummary(
         corpus=recipe.name,
-        utterances=len(valid),
-        hours=round(sum(u.duration for u in valid) / 3600.0, 6),
+        utterances=len(valid) + len(extras),
+        hours=round(sum(u.duration for u in valid + extras) / 3600.0, 6),
         rejected=len(rejected),
         rejected_by_reason=dict(sorted(Counter(_reason_kind(r.reason) for r in rejected).items())),
         splits=split_stats,
-        fingerprint=fingerprint(valid),
-        sample_rates={str(k): v for k, v in sorted(Counter(u.sample_rate for u in valid).items())},
+        fingerprint=fingerprint(valid + extras),
+        sample_rates={str(k): v for k, v in sorted(Counter(u.sample_rate for u in valid + extras).items())},
+        extra_training=extra_stats,
     )
     summary.wall_seconds = round(time.perf_counter() - start, 3)
-    manifest = {k: v for k, v in asdict(summary).items() if k != "wall_seconds"}  # deterministic
+    manifest = {k: v for k, v in asdict(summary).items()  # deterministic; as before extra corpora when none
+                if k != "wall_seconds" and (k != "extra_training" or v)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     log(f"{summary.utterances} valid utterances ({summary.hours:.3f} h), {summary.rejected} rejected")
     return summary

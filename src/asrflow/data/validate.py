@@ -39,6 +39,7 @@ class Utterance:
     end: float | None = None
     checksum: str = ""
     speed: float = 1.0  # a speed-perturbed copy plays the audio this many times as fast (asrflow.data.perturb)
+    corpus: str = ""  # the corpus.extra_training corpus it comes from ("": the experiment's own corpus)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from asrflow.data.datadir import read_table
+from asrflow.data.datadir import own_texts, read_table
 from asrflow.lang.lexicon import oov_rate
 from asrflow.score.wer import score_corpus
 
@@ -225,7 +225,7 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     for path in lang.iterdir():
         if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json"):
             shutil.copyfile(path, out / path.name)
-    texts = [t for u, t in read_table(Path(data_dir) / train_split / "text").items() if u not in held_out]
+    texts = [t for u, t in own_texts(Path(data_dir) / train_split).items() if u not in held_out]
     vocabulary = {w for t in texts for w in t.split()}
     write_grammar(texts, sorted(vocabulary), config["lang"]["lm_order"], out)
     return out, vocabulary

@@ -1,5 +1,8 @@
 """The lang stage: lexicon, phone/word tables, topology, L, LM (ARPA) and G for one training split.
 
+The lexicon covers every training transcript, ``corpus.extra_training`` ones included; the LM
+(and so the decoder's vocabulary) only the experiment's own corpus's.
+
 Output folder (``results/<exp>/lang/<train split>/``), Kaldi's lang-dir layout::
 
     lexicon.txt  phones.txt  words.txt  topo  disambig.int  silence.int  nonsilence.int
@@ -12,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asrflow.data.datadir import read_table
+from asrflow.data.datadir import own_texts, read_table
 from asrflow.lang.graph import compile_grammar, compile_text_fst
-from asrflow.lang.lexicon import OOV_WORD, SIL, build_lexicon, oov_rate, phone_inventory
+from asrflow.lang.lexicon import OOV_WORD, SIL, SIL_WORD, build_lexicon, oov_rate, phone_inventory
 from asrflow.lang.lm import KneserNeyLM
 from asrflow.lang.symbols import add_disambig, lexicon_fst_text, phone_table, topology_text, word_table, write_table
 
@@ -34,9 +37,12 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     data_dir, out = Path(data_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lcfg = config["lang"]
-    texts = list(read_table(data_dir / train / "text").values())
+    # corpus.extra_training utterances need pronunciations to be aligned, but the LM is the
+    # experiment's own corpus's: the decoder chooses among its words only
+    every_text = list(read_table(data_dir / train / "text").values())
+    texts = list(own_texts(data_dir / train).values())
     vocabulary = sorted({w for t in texts for w in t.split()})
-    lexicon, fallback = build_lexicon(vocabulary, lcfg["lexicon"])
+    lexicon, fallback = build_lexicon({w for t in every_text for w in t.split()}, lcfg["lexicon"])
     entries, max_disambig = add_disambig(lexicon)
     sil_disambig = max_disambig + 1
     silence, nonsilence = phone_inventory(lexicon)
@@ -76,6 +82,8 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
         report["test_sets"][test] = {"oov_rate": rate, "oov_tokens": n_oov, "tokens": n_tokens,
                                      "perplexity": round(lm.perplexity([t.split() for t in test_texts]), 3)}
         log(f"{test}: OOV rate {rate:.2%} ({n_oov}/{n_tokens}), perplexity {report['test_sets'][test]['perplexity']}")
+    if len(texts) < len(every_text):
+        report["extra_training_words"] = len(set(lexicon) - vocab_set - {SIL_WORD, OOV_WORD})
     (out / "manifest.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     log(f"lang for {train}: {len(vocabulary)} words, {len(nonsilence)} phones "
         f"({len(fallback)} grapheme-fallback words), LM order {lcfg['lm_order']}")

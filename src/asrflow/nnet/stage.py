@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from asrflow.config import model_alignments, model_features, model_train
-from asrflow.data.datadir import read_table
+from asrflow.data.datadir import own_texts, read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
@@ -89,8 +89,9 @@ def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
 
 
 def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_split: str) -> set[str]:
-    """The training utterances every network of ``config`` holds out of training (early stopping, decoder tuning)."""
-    utts = sorted(read_table(Path(data_dir) / train_split / "text"))
+    """The training utterances every network of ``config`` holds out of training (early stopping, decoder tuning):
+    the experiment's own corpus's, never a ``corpus.extra_training`` one (tuning decodes them with its LM)."""
+    utts = sorted(own_texts(Path(data_dir) / train_split))
     return held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
 
 
