@@ -94,3 +94,14 @@ def test_without_extra_corpora_nothing_changes(tmp_path: Path) -> None:
     assert stage_fingerprint(config, "data") != plain
     config["corpus"]["extra_training"] = []
     assert stage_fingerprint(config, "data") == plain
+
+
+def test_a_typo_in_an_extra_corpus_names_the_key(tmp_path: Path) -> None:
+    import pytest
+
+    from asrflow.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=r"corpus\.extra_training\.0\.lang' \(did you mean 'language'\?\)"):
+        make_config(tmp_path, corpus={"name": "fsdd", "extra_training": [{"name": "asterisk", "lang": "en"}]})
+    with pytest.raises(ConfigError, match=r"corpus\.extra_training\.0\.name': 'asterix' is not one of"):
+        make_config(tmp_path, corpus={"name": "fsdd", "extra_training": [{"name": "asterix"}]})
