@@ -170,7 +170,8 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         rejected += dropped + duplicates
         extra_stats[tag] = {**_split_stats(found), "rejected": len(dropped) + len(duplicates)}
         log(f"  extra training corpus {tag}: {len(found)} utterances join every training split")
-    write_data_dir(out / "all", valid + extras)
+    every = valid + extras
+    write_data_dir(out / "all", every)
     by_id = {u.utt_id: u for u in valid}
     splits = recipe.splits({u.utt_id: u.speaker for u in valid})
     split_stats = {}
@@ -188,13 +189,13 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
     write_report(out / "report.tsv", rejected)
     summary = DataSummary(
         corpus=recipe.name,
-        utterances=len(valid) + len(extras),
-        hours=round(sum(u.duration for u in valid + extras) / 3600.0, 6),
+        utterances=len(every),
+        hours=round(sum(u.duration for u in every) / 3600.0, 6),
         rejected=len(rejected),
         rejected_by_reason=dict(sorted(Counter(_reason_kind(r.reason) for r in rejected).items())),
         splits=split_stats,
-        fingerprint=fingerprint(valid + extras),
-        sample_rates={str(k): v for k, v in sorted(Counter(u.sample_rate for u in valid + extras).items())},
+        fingerprint=fingerprint(every),
+        sample_rates={str(k): v for k, v in sorted(Counter(u.sample_rate for u in every).items())},
         extra_training=extra_stats,
     )
     summary.wall_seconds = round(time.perf_counter() - start, 3)
