@@ -30,6 +30,19 @@ if [ -z "${ASRFLOW_DATA_MIRROR:-}" ] && [ -d "$root/../shared/corpora" ]; then
   echo "asrflow: using the corpus mirror $ASRFLOW_DATA_MIRROR" >&2
 fi
 
+# System packages: eSpeak NG, for the espeak recipe (synthetic speakers), installed where missing when root.
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "asrflow: installing espeak-ng (apt-get)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } \
+      || echo "asrflow: could not install espeak-ng; the espeak recipe (and its tests) will not run" >&2
+  else
+    echo "asrflow: espeak-ng is not installed; the espeak recipe needs it (as root: apt-get install espeak-ng)" >&2
+  fi
+fi
+
 command=${1:-}
 [ $# -gt 0 ] && shift
 case "$command" in

@@ -78,6 +78,14 @@ def _fill_defaults(instance: Any, schema: Mapping[str, Any], root: Mapping[str, 
             _fill_defaults(instance[key], extra, root)
 
 
+def definition_defaults(name: str) -> dict[str, Any]:
+    """The schema's defaults of ``$defs/<name>`` as an object: what an omitted optional block means."""
+    schema = _load_schema()
+    instance: dict[str, Any] = {}
+    _fill_defaults(instance, schema["$defs"][name], schema)
+    return instance
+
+
 def _dotted(path: Iterable[Any]) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 

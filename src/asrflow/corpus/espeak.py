@@ -1,0 +1,217 @@
+"""Synthetic speech from eSpeak NG: given sentences, each spoken by many synthetic voices.
+
+Text-to-speech augmentation for small corpora: the formant synthesiser speaks every sentence
+in every ``voice`` × ``variant`` (a regional accent × a voice quality: formants, pitch range,
+breathiness), each of ``takes`` times at a random rate and pitch. Each voice × variant is
+one speaker, so CMVN and fMLLR treat it as one. As ``corpus.extra_training`` it adds speakers
+to every training split (FSDD's digits: ``config/experiments/fsdd_tts.yaml``).
+
+eSpeak writes digital silence (exact zeros) around the word; the recipe trims it to a random
+margin and adds faint white noise (the background of real recordings, about −55 dBFS in FSDD)
+so that no frame is all zeros, and scales each utterance to a random peak level.
+
+The audio is written once to ``<download_dir>/espeak/<digest>/`` (the digest covers the
+settings and the eSpeak version) and reused while the settings are unchanged. Everything
+drawn at random comes from ``seed``: the same settings and eSpeak build give the same files.
+A sentence that eSpeak cannot speak (an unknown voice, a crash) is listed with the problem
+and rejected in the data stage's report, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from asrflow.config.schema import definition_defaults
+from asrflow.corpus.base import CorpusError, Listing, RawUtterance, round_robin_split
+
+PROGRAM = "espeak-ng"
+#: Regional English voices of eSpeak NG 1.51 (``espeak-ng --voices=en``, the formant ones).
+ENGLISH_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-gb-x-gbcwmd",
+                   "en-029", "en-us-nyc")
+#: Voice-quality variants (``espeak-ng-data/voices/!v``): seven male, five female, one Klatt.
+VARIANTS = ("m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "klatt")
+#: Digital silence below this (of full scale) is trimmed.
+SILENCE = 1e-4
+#: Margins kept around the speech, seconds: before it, after it.
+LEAD_S = (0.0, 0.05)
+TAIL_S = (0.01, 0.1)
+#: Peak level (of full scale) and background-noise level (dBFS) drawn per utterance.
+PEAK = (0.3, 0.9)
+NOISE_DBFS = (-62.0, -45.0)
+_UNSAFE = re.compile(r"[^A-Za-z0-9]+")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the recipe synthesises (``corpus.espeak`` / ``corpus.extra_training[].espeak``)."""
+
+    sentences: tuple[str, ...]
+    voices: tuple[str, ...]
+    variants: tuple[str, ...]
+    takes: int = 2
+    rate: tuple[int, int] = (110, 200)
+    pitch: tuple[int, int] = (25, 75)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Take:
+    """One utterance to synthesise, with every random draw already made."""
+
+    utt_id: str
+    speaker: str
+    voice: str
+    text: str
+    rate: int
+    pitch: int
+    peak: float
+    noise_dbfs: float
+    lead_s: float
+    tail_s: float
+    noise_seed: int
+
+
+def speaker_id(voice: str, variant: str) -> str:
+    """``tts_<voice>_<variant>`` with everything but letters and digits removed from each part."""
+    return f"tts_{_UNSAFE.sub('', voice)}_{_UNSAFE.sub('', variant)}"
+
+
+def plan(settings: Settings) -> list[Take]:
+    """Every take, in a fixed order (voice, variant, sentence, take), drawing from one seeded stream."""
+    rng = random.Random(settings.seed)
+    takes: list[Take] = []
+    for voice in settings.voices:
+        for variant in settings.variants:
+            speaker = speaker_id(voice, variant)
+            for number, text in enumerate(settings.sentences):
+                for take in range(settings.takes):
+                    takes.append(Take(
+                        utt_id=f"{speaker}-{number:04d}_{take}", speaker=speaker, voice=f"{voice}+{variant}",
+                        text=text, rate=rng.randint(*settings.rate), pitch=rng.randint(*settings.pitch),
+                        peak=rng.uniform(*PEAK), noise_dbfs=rng.uniform(*NOISE_DBFS),
+                        lead_s=rng.uniform(*LEAD_S), tail_s=rng.uniform(*TAIL_S),
+                        noise_seed=settings.seed * 1_000_003 + len(takes)))
+    return takes
+
+
+def finish(signal: np.ndarray, sample_rate: int, take: Take) -> np.ndarray:
+    """Trim digital silence to the take's margins, scale to its peak, add its background noise."""
+    loud = np.flatnonzero(np.abs(signal) > SILENCE)
+    if loud.size == 0:
+        raise ValueError("eSpeak produced only silence")
+    start = max(0, loud[0] - int(take.lead_s * sample_rate))
+    end = min(signal.size, loud[-1] + 1 + int(take.tail_s * sample_rate))
+    speech = signal[start:end]
+    speech = speech * (take.peak / np.abs(speech).max())
+    noise = np.random.default_rng(take.noise_seed).normal(0.0, 10 ** (take.noise_dbfs / 20), speech.size)
+    return np.clip(speech + noise, -1.0, 1.0)
+
+
+def synthesize(take: Take, path: Path) -> str | None:
+    """Speak one take into ``path`` (16-bit PCM at eSpeak's rate); returns a problem, or ``None``."""
+    command = [PROGRAM, "-v", take.voice, "-s", str(take.rate), "-p", str(take.pitch), "--stdout", take.text]
+    result = subprocess.run(command, capture_output=True)
+    if result.returncode != 0 or not result.stdout:
+        error = result.stderr.decode(errors="replace").strip().splitlines()
+        return f"{PROGRAM} -v {take.voice} failed (exit {result.returncode}): {error[-1] if error else 'no audio'}"
+    try:
+        signal, sample_rate = sf.read(io.BytesIO(result.stdout), dtype="float64")
+        sf.write(path, finish(signal, sample_rate, take), sample_rate, subtype="PCM_16")
+    except (ValueError, RuntimeError) as err:
+        return f"{PROGRAM} -v {take.voice}: {err}"
+    return None
+
+
+def espeak_version() -> str:
+    """``espeak-ng --version``'s first line; a :class:`CorpusError` naming the package when it is missing."""
+    if shutil.which(PROGRAM) is None:
+        raise CorpusError(f"the espeak recipe needs the {PROGRAM} program, which is not on PATH "
+                          "(Debian/Ubuntu: apt-get install espeak-ng; bash workflow/bootstrap.sh installs it as root)")
+    out = subprocess.run([PROGRAM, "--version"], capture_output=True, text=True, check=False).stdout
+    return out.strip().splitlines()[0] if out.strip() else "unknown"
+
+
+def installed_variants() -> set[str]:
+    """The variant names eSpeak NG knows (the ``!v/<name>`` files of ``espeak-ng --voices=variant``)."""
+    out = subprocess.run([PROGRAM, "--voices=variant"], capture_output=True, text=True, check=False).stdout
+    return {field.split("/", 1)[1] for line in out.splitlines() for field in line.split() if field.startswith("!v/")}
+
+
+def settings_from_config(corpus: dict) -> Settings:
+    """:class:`Settings` from a resolved corpus section (its ``espeak`` block and ``transcripts`` file)."""
+    block = corpus.get("espeak") or definition_defaults("espeak_speech")
+    sentences = list(block["sentences"])
+    if corpus["transcripts"]:
+        path = Path(corpus["transcripts"]).expanduser()
+        if not path.is_file():
+            raise CorpusError(f"corpus.transcripts {path} not found (the espeak recipe's sentences, one a line)")
+        sentences += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not sentences:
+        raise CorpusError("the espeak recipe has nothing to say: give espeak.sentences or corpus.transcripts")
+    variants = tuple(block["variants"] or VARIANTS)
+    unknown = sorted(set(variants) - installed_variants())
+    if unknown:
+        raise CorpusError(f"espeak.variants: {', '.join(unknown)} not among eSpeak NG's variants "
+                          f"(espeak-ng --voices=variant lists them)")
+    voices = block["voices"] or (ENGLISH_ACCENTS if corpus["language"] == "en" else (corpus["language"],))
+    return Settings(tuple(sentences), tuple(voices), variants, block["takes"],
+                    tuple(block["rate"]), tuple(block["pitch"]), block["seed"])
+
+
+@dataclass
+class Espeak:
+    """Recipe for synthetic speech; ``root`` is the folder its audio is (or will be) written to."""
+
+    root: Path
+    settings: Settings
+    version: str
+    name: str = "espeak"
+
+    @classmethod
+    def from_config(cls, corpus: dict) -> "Espeak":
+        version = espeak_version()
+        settings = settings_from_config(corpus)
+        blob = json.dumps({"settings": asdict(settings), "espeak": version}, sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+        base = Path(corpus["path"]).expanduser() if corpus["path"] else Path(corpus["download_dir"]) / "espeak"
+        return cls(base / digest, settings, version)
+
+    def list_utterances(self) -> Listing:
+        """Synthesise the audio unless an earlier run left it complete, then list it."""
+        takes = plan(self.settings)
+        problems = self._synthesized(takes)
+        return Listing([RawUtterance(t.utt_id, t.speaker, str(self.root / f"{t.utt_id}.wav"), t.text,
+                                     problem=problems.get(t.utt_id),
+                                     source=f"{PROGRAM} -v {t.voice} -s {t.rate} -p {t.pitch}")
+                        for t in takes])
+
+    def _synthesized(self, takes: list[Take]) -> dict[str, str]:
+        """Write every take's wav (in parallel; eSpeak runs as a subprocess) once; the problems by utterance."""
+        done = self.root / "done.json"
+        if done.is_file():
+            return json.loads(done.read_text())["problems"]
+        self.root.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor() as pool:
+            found = list(pool.map(lambda t: synthesize(t, self.root / f"{t.utt_id}.wav"), takes))
+        problems = {t.utt_id: p for t, p in zip(takes, found) if p is not None}
+        manifest = {"settings": asdict(self.settings), "espeak": self.version, "utterances": len(takes),
+                    "problems": problems}
+        partial = done.with_suffix(".tmp")
+        partial.write_text(json.dumps(manifest, indent=1))
+        partial.replace(done)
+        return problems
+
+    def splits(self, valid: dict[str, str]) -> dict[str, list[str]]:
+        return round_robin_split(list(valid))
