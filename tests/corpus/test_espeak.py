@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from asrflow.config.schema import ConfigError
 from asrflow.corpus import CorpusError, recipe_from_config
 from asrflow.corpus import espeak
 from asrflow.data import read_data_dir
@@ -88,6 +89,12 @@ def test_faults_are_named(tmp_path: Path) -> None:
     problems = {u.utt_id: u.problem for u in listing.utterances if u.problem}
     assert len(problems) == 8 and all(u.startswith("tts_xxnope_") for u in problems)
     assert "espeak-ng -v xx-nope+m3 failed" in next(iter(problems.values()))
+
+
+def test_espeak_block_only_on_an_espeak_corpus(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"corpus.extra_training.0.espeak': only the espeak recipe"):
+        make_config(tmp_path, corpus={"name": "yesno", "extra_training": [
+            {"name": "asterisk", "espeak": {"sentences": ["six"]}}]})
 
 
 def test_missing_program_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -161,8 +161,18 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(_explain(e, schema) for e in errors))
     if config["audio"]["min_duration"] >= config["audio"]["max_duration"]:
         raise ConfigError("config key 'audio.min_duration' must be below 'audio.max_duration'")
+    _check_corpus_blocks(config["corpus"])
     _check_systems(config)
     return config
+
+
+def _check_corpus_blocks(corpus: Mapping[str, Any]) -> None:
+    """Recipe-specific settings sit only on a corpus of that recipe (an ``espeak`` block on an fsdd corpus is a slip)."""
+    entries = [("corpus", corpus)] + [(f"corpus.extra_training.{i}", e) for i, e in enumerate(corpus["extra_training"])]
+    for key, entry in entries:
+        if "espeak" in entry and entry["name"] != "espeak":
+            raise ConfigError(f"config key '{key}.espeak': only the espeak recipe reads it (this corpus is "
+                              f"{entry['name']!r}; did you mean name: espeak?)")
 
 
 #: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; sat: speaker-adaptively trained)

@@ -37,6 +37,8 @@ from asrflow.config.schema import definition_defaults
 from asrflow.corpus.base import CorpusError, Listing, RawUtterance, round_robin_split
 
 PROGRAM = "espeak-ng"
+#: Bumped when what is written for the same settings changes (trimming, levels, noise): a new cache folder.
+RECIPE_VERSION = 1
 #: Regional English voices of eSpeak NG 1.51 (``espeak-ng --voices=en``, the formant ones).
 ENGLISH_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-gb-x-gbcwmd",
                    "en-029", "en-us-nyc")
@@ -183,7 +185,8 @@ class Espeak:
     def from_config(cls, corpus: dict) -> "Espeak":
         version = espeak_version()
         settings = settings_from_config(corpus)
-        blob = json.dumps({"settings": asdict(settings), "espeak": version}, sort_keys=True)
+        blob = json.dumps({"settings": asdict(settings), "espeak": version, "recipe": RECIPE_VERSION},
+                          sort_keys=True)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
         base = Path(corpus["path"]).expanduser() if corpus["path"] else Path(corpus["download_dir"]) / "espeak"
         return cls(base / digest, settings, version)
