@@ -22,7 +22,8 @@ from ..conftest import make_config, write_wav
 
 needs_espeak = pytest.mark.skipif(shutil.which(espeak.PROGRAM) is None,
                                   reason="espeak-ng is not installed (bash workflow/bootstrap.sh installs it as root)")
-SETTINGS = espeak.Settings(sentences=("zero", "six"), voices=("en-us", "en-gb"), variants=("m3", "f2"))
+SETTINGS = espeak.Settings(sentences=("zero", "six"), voices=("en-us", "en-gb"), variants=("m3", "f2"), takes=2,
+                           rate=(110, 200), pitch=(25, 75), seed=0)
 
 
 def _corpus(tmp_path: Path, **block) -> dict:

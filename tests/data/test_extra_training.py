@@ -6,6 +6,9 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
+from asrflow.config.schema import ConfigError
 from asrflow.data import read_data_dir
 from asrflow.data.datadir import extra_utterances, own_texts
 from asrflow.data.stage import prepare_data
@@ -97,10 +100,6 @@ def test_without_extra_corpora_nothing_changes(tmp_path: Path) -> None:
 
 
 def test_a_typo_in_an_extra_corpus_names_the_key(tmp_path: Path) -> None:
-    import pytest
-
-    from asrflow.config.schema import ConfigError
-
     with pytest.raises(ConfigError, match=r"corpus\.extra_training\.0\.lang' \(did you mean 'language'\?\)"):
         make_config(tmp_path, corpus={"name": "fsdd", "extra_training": [{"name": "asterisk", "lang": "en"}]})
     with pytest.raises(ConfigError, match=r"corpus\.extra_training\.0\.name': 'asterix' is not one of"):

@@ -57,15 +57,16 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9]+")
 
 @dataclass(frozen=True)
 class Settings:
-    """What the recipe synthesises (``corpus.espeak`` / ``corpus.extra_training[].espeak``)."""
+    """What the recipe synthesises (``corpus.espeak`` / ``corpus.extra_training[].espeak``; the defaults
+    are the schema's ``$defs/espeak_speech``)."""
 
     sentences: tuple[str, ...]
     voices: tuple[str, ...]
     variants: tuple[str, ...]
-    takes: int = 2
-    rate: tuple[int, int] = (110, 200)
-    pitch: tuple[int, int] = (25, 75)
-    seed: int = 0
+    takes: int
+    rate: tuple[int, int]
+    pitch: tuple[int, int]
+    seed: int
 
 
 @dataclass(frozen=True)
