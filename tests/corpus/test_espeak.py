@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import random
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..conftest import make_config, write_wav
 needs_espeak = pytest.mark.skipif(shutil.which(espeak.PROGRAM) is None,
                                   reason="espeak-ng is not installed (bash workflow/bootstrap.sh installs it as root)")
 SETTINGS = espeak.Settings(sentences=("zero", "six"), voices=("en-us", "en-gb"), variants=("m3", "f2"), takes=2,
-                           rate=(110, 200), pitch=(25, 75), seed=0)
+                           rate=(110, 200), pitch=(25, 75), seed=0, accents=0)
 
 
 def _corpus(tmp_path: Path, **block) -> dict:
@@ -42,6 +43,39 @@ def test_plan_is_deterministic_and_names_speakers() -> None:
     assert len({t.utt_id for t in takes}) == len(takes)
     assert all(t.utt_id.startswith(t.speaker + "-") for t in takes)
     assert all(110 <= t.rate <= 200 and 25 <= t.pitch <= 75 for t in takes)
+
+
+def test_accented_speakers_follow_the_native_ones() -> None:
+    native = espeak.plan(SETTINGS)
+    takes = espeak.plan(replace(SETTINGS, accents=2))
+    assert takes[:len(native)] == native  # the native voices' draws do not move
+    accented = takes[len(native):]
+    assert len(accented) == 2 * len(native) and all(t.accent for t in accented)
+    assert {t.speaker for t in accented} == {f"tts_{v}_{w}_a{a}" for v in ("enus", "engb") for w in ("m3", "f2")
+                                             for a in (1, 2)}
+    by_speaker = {t.speaker: t.accent for t in accented}
+    assert all(t.accent == by_speaker[t.speaker] for t in accented)  # one accent per speaker
+    assert len(set(by_speaker.values())) > 1
+
+
+def test_accent_draws_respect_the_exclusive_groups() -> None:
+    rng = random.Random(5)
+    accents = [espeak.draw_accent(rng) for _ in range(200)]
+    assert all(a and list(a) == sorted(a) and set(a) <= set(espeak.ACCENT_RULES) for a in accents)
+    assert not any({"th_stop", "th_sibilant"} <= set(a) for a in accents)
+    assert {name for a in accents for name in a} == set(espeak.ACCENT_RULES)
+
+
+def test_accent_rules_rewrite_phonemes() -> None:
+    said = "z'i@roU s'Iks 'eIt T'In f'aIv h'at"
+    assert espeak.apply_accent(said, ("tense_i",)) == "z'i@roU s'i:ks 'eIt T'i:n f'aIv h'at"
+    assert espeak.apply_accent(said, ("mono_ei", "no_glides")) == "z'i:roU s'Iks 'Et T'In f'aIv h'at"
+    assert espeak.apply_accent(said, ("th_sibilant", "h_drop")) == "z'i@roU s'Iks 'eIt s'In f'aIv 'at"
+    # devoicing acts on a word's last phoneme only (stress marks and pauses skipped), not on "z" of "zero"
+    assert espeak.apply_accent("z'i@roU f'aIv_: b'Ig", ("devoice",)) == "z'i@roU f'aIf_: b'Ik"
+    assert espeak.apply_accent("h", ("h_drop",)) == ""  # a word that loses every phoneme is dropped
+    # multi-character mnemonics are one phoneme each: the "I" of "aI" is no lax /ɪ/
+    assert espeak.apply_accent("f'aIv OI I@", ("tense_i",)) == "f'aIv OI I@"
 
 
 def test_finish_trims_digital_silence_and_adds_background() -> None:
@@ -77,6 +111,19 @@ def test_recipe_synthesises_once_and_reproducibly(tmp_path: Path) -> None:
     assert [Path(u.audio).read_bytes() for u in again] == [Path(u.audio).read_bytes() for u in utts]
     other = recipe_from_config(make_config(tmp_path, corpus=_corpus(tmp_path, seed=1))["corpus"])
     assert other.root != recipe.root
+
+
+@needs_espeak
+def test_accented_speakers_speak_from_rewritten_phonemes(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path, voices=["en-us"], variants=["m3"], takes=1, accents=1)
+    utts = recipe_from_config(make_config(tmp_path, corpus=corpus)["corpus"]).list_utterances().utterances
+    assert [u.speaker for u in utts] == ["tts_enus_m3", "tts_enus_m3", "tts_enus_m3_a1", "tts_enus_m3_a1"]
+    assert all(u.problem is None for u in utts)
+    assert "accent=" not in utts[0].source and "accent=" in utts[2].source
+    assert espeak.phonemes("en-us", "six") == "s'Iks"
+    for native, accented in zip(utts[:2], utts[2:]):
+        assert Path(native.audio).read_bytes() != Path(accented.audio).read_bytes()
+        assert 0.2 < sf.info(accented.audio).duration < 2.0
 
 
 @needs_espeak

@@ -10,6 +10,13 @@ eSpeak writes digital silence (exact zeros) around the word; the recipe trims it
 margin and adds faint white noise (the background of real recordings, about −55 dBFS in FSDD)
 so that no frame is all zeros, and scales each utterance to a random peak level.
 
+With ``accents`` > 0 every voice x variant also speaks as that many non-native speakers: the
+sentence's English phonemes (``espeak-ng -x``) are rewritten by a few of the phonological processes
+that learners of English commonly carry over from their first language (:data:`ACCENT_RULES`:
+/ɪ/ said as /iː/, monophthongs for /eɪ/ and /oʊ/, stops or sibilants for "th", dropped /h/,
+devoiced final consonants, ...), each rule drawn once per speaker so that a speaker's accent is
+consistent, and spoken from the phonemes (``[[...]]``).
+
 The audio is written once to ``<download_dir>/espeak/<digest>/`` (the digest covers the
 settings and the eSpeak version) and reused while the settings are unchanged. Everything
 drawn at random comes from ``seed``: the same settings and eSpeak build give the same files.
@@ -53,6 +60,33 @@ TAIL_S = (0.01, 0.1)
 PEAK = (0.3, 0.9)
 NOISE_DBFS = (-62.0, -45.0)
 _UNSAFE = re.compile(r"[^A-Za-z0-9]+")
+#: eSpeak NG's English phoneme mnemonics of more than one character (``espeak-ng -x``), longest first;
+#: every other character is a phoneme, a stress mark or a pause on its own.
+_MULTI = ("aI@", "aU@", "i@3", "aI2", "eI", "aI", "OI", "oU", "aU", "I@", "e@", "U@", "o@", "i@", "O@", "A@",
+          "3:", "i:", "u:", "A:", "O:", "@2", "@5", "@L", "a#", "I2", "I#", "E2", "IR", "VR", "0#", "t[", "_:")
+_TOKEN = re.compile("|".join(re.escape(m) for m in _MULTI) + "|.", re.DOTALL)
+#: Stress marks and pauses: not phonemes (skipped when finding a word's last phoneme).
+_MARKS = {"'", ",", "%", "=", "_", "_:", "-"}
+#: Non-native processes as token rewrites (eSpeak English mnemonics); a ``^`` key acts on a word's
+#: last phoneme only. Each accented speaker gets each rule with probability one half, and at most
+#: one of the rules of each group in :data:`ACCENT_GROUPS`.
+ACCENT_RULES: dict[str, dict[str, str]] = {
+    "tense_i": {"I": "i:", "I2": "i:"},           # lax /ɪ/ as tense /iː/: "six" as "seeks"
+    "tense_u": {"U": "u:"},                       # /ʊ/ as /uː/
+    "mono_ei": {"eI": "E"},                       # /eɪ/ as a monophthong: "eight" as "ett"
+    "mono_ou": {"oU": "O:"},                      # /oʊ/ as a monophthong: "zero" ending in /ɔ/
+    "open_v": {"V": "a"},                         # /ʌ/ as /a/: "one" as "wan"
+    "raise_ae": {"a": "E"},                       # /æ/ as /ɛ/
+    "th_stop": {"T": "t", "D": "d"},              # "three" as "tree"
+    "th_sibilant": {"T": "s", "D": "z"},          # "three" as "sree"
+    "h_drop": {"h": ""},                          # no /h/
+    "full_vowels": {"@": "E", "@2": "E", "a#": "a"},  # no reduced vowels: "seven" as "sev-en"
+    "no_glides": {"i@": "i:", "i@3": "i:", "o@": "O:", "O@": "O:", "e@": "E"},  # "zero" as "zee-ro"
+    "devoice": {"^z": "s", "^v": "f", "^d": "t", "^b": "p", "^g": "k"},  # final obstruents devoiced: "five" as "fife"
+    "w_as_v": {"w": "v"},                         # /w/ as /v/: "one" as "von"
+}
+#: Rules that exclude each other (a speaker has at most one of each group).
+ACCENT_GROUPS = (("th_stop", "th_sibilant"),)
 
 
 @dataclass(frozen=True)
@@ -67,6 +101,7 @@ class Settings:
     rate: tuple[int, int]
     pitch: tuple[int, int]
     seed: int
+    accents: int
 
 
 @dataclass(frozen=True)
@@ -84,28 +119,60 @@ class Take:
     lead_s: float
     tail_s: float
     noise_seed: int
+    accent: tuple[str, ...]
 
 
-def speaker_id(voice: str, variant: str) -> str:
-    """``tts_<voice>_<variant>`` with everything but letters and digits removed from each part."""
-    return f"tts_{_UNSAFE.sub('', voice)}_{_UNSAFE.sub('', variant)}"
+def speaker_id(voice: str, variant: str, accent: int = 0) -> str:
+    """``tts_<voice>_<variant>`` (``_a<accent>`` for a non-native one) with everything but letters and
+    digits removed from each part."""
+    base = f"tts_{_UNSAFE.sub('', voice)}_{_UNSAFE.sub('', variant)}"
+    return f"{base}_a{accent}" if accent else base
+
+
+def draw_accent(rng: random.Random) -> tuple[str, ...]:
+    """One speaker's accent: each rule of :data:`ACCENT_RULES` with probability one half, one rule at
+    most from each exclusive group, at least one rule; sorted names."""
+    while True:
+        chosen = {name for name in ACCENT_RULES if rng.random() < 0.5}
+        for group in ACCENT_GROUPS:
+            present = sorted(chosen & set(group))
+            chosen -= set(present[1:] if rng.random() < 0.5 else present[:-1])
+        if chosen:
+            return tuple(sorted(chosen))
+
+
+def apply_accent(phonemes: str, accent: tuple[str, ...]) -> str:
+    """``phonemes`` (eSpeak mnemonics, words separated by spaces) rewritten by the accent's rules."""
+    plain = {k: v for name in accent for k, v in ACCENT_RULES[name].items() if not k.startswith("^")}
+    final = {k[1:]: v for name in accent for k, v in ACCENT_RULES[name].items() if k.startswith("^")}
+    words = []
+    for word in phonemes.split():
+        tokens = _TOKEN.findall(word)
+        last = max((i for i, t in enumerate(tokens) if t not in _MARKS), default=-1)
+        words.append("".join(final.get(t, plain.get(t, t)) if i == last else plain.get(t, t)
+                             for i, t in enumerate(tokens)))
+    return " ".join(w for w in words if w)
 
 
 def plan(settings: Settings) -> list[Take]:
-    """Every take, in a fixed order (voice, variant, sentence, take), drawing from one seeded stream."""
+    """Every take, in a fixed order (voice, variant, sentence, take; then the accented speakers in the same
+    order), drawing from one seeded stream."""
     rng = random.Random(settings.seed)
     takes: list[Take] = []
-    for voice in settings.voices:
-        for variant in settings.variants:
-            speaker = speaker_id(voice, variant)
-            for number, text in enumerate(settings.sentences):
-                for take in range(settings.takes):
-                    takes.append(Take(
-                        utt_id=f"{speaker}-{number:04d}_{take}", speaker=speaker, voice=f"{voice}+{variant}",
-                        text=text, rate=rng.randint(*settings.rate), pitch=rng.randint(*settings.pitch),
-                        peak=rng.uniform(*PEAK), noise_dbfs=rng.uniform(*NOISE_DBFS),
-                        lead_s=rng.uniform(*LEAD_S), tail_s=rng.uniform(*TAIL_S),
-                        noise_seed=settings.seed * 1_000_003 + len(takes)))
+    speakers = [(voice, variant, 0) for voice in settings.voices for variant in settings.variants]
+    speakers += [(voice, variant, a) for voice in settings.voices for variant in settings.variants
+                 for a in range(1, settings.accents + 1)]
+    for voice, variant, accent in speakers:
+        speaker = speaker_id(voice, variant, accent)
+        rules = draw_accent(rng) if accent else ()
+        for number, text in enumerate(settings.sentences):
+            for take in range(settings.takes):
+                takes.append(Take(
+                    utt_id=f"{speaker}-{number:04d}_{take}", speaker=speaker, voice=f"{voice}+{variant}",
+                    text=text, rate=rng.randint(*settings.rate), pitch=rng.randint(*settings.pitch),
+                    peak=rng.uniform(*PEAK), noise_dbfs=rng.uniform(*NOISE_DBFS),
+                    lead_s=rng.uniform(*LEAD_S), tail_s=rng.uniform(*TAIL_S),
+                    noise_seed=settings.seed * 1_000_003 + len(takes), accent=rules))
     return takes
 
 
@@ -122,9 +189,26 @@ def finish(signal: np.ndarray, sample_rate: int, take: Take) -> np.ndarray:
     return np.clip(speech + noise, -1.0, 1.0)
 
 
+def phonemes(voice: str, text: str) -> str:
+    """What eSpeak says for ``text`` in ``voice`` (its ``-x`` mnemonics, one line); a ``ValueError`` if it fails."""
+    result = subprocess.run([PROGRAM, "-q", "-x", "-v", voice, text], capture_output=True, text=True)
+    said = " ".join(result.stdout.split())
+    if result.returncode != 0 or not said:
+        error = result.stderr.strip().splitlines()
+        raise ValueError(f"{PROGRAM} -x -v {voice} failed (exit {result.returncode}): "
+                         f"{error[-1] if error else 'no phonemes'}")
+    return said
+
+
 def synthesize(take: Take, path: Path) -> str | None:
     """Speak one take into ``path`` (16-bit PCM at eSpeak's rate); returns a problem, or ``None``."""
-    command = [PROGRAM, "-v", take.voice, "-s", str(take.rate), "-p", str(take.pitch), "--stdout", take.text]
+    said = take.text
+    if take.accent:
+        try:
+            said = f"[[{apply_accent(phonemes(take.voice, take.text), take.accent)}]]"
+        except ValueError as err:
+            return str(err)
+    command = [PROGRAM, "-v", take.voice, "-s", str(take.rate), "-p", str(take.pitch), "--stdout", said]
     result = subprocess.run(command, capture_output=True)
     if result.returncode != 0 or not result.stdout:
         error = result.stderr.decode(errors="replace").strip().splitlines()
@@ -170,7 +254,7 @@ def settings_from_config(corpus: dict) -> Settings:
                           f"(espeak-ng --voices=variant lists them)")
     voices = block["voices"] or (ENGLISH_ACCENTS if corpus["language"] == "en" else (corpus["language"],))
     return Settings(tuple(sentences), tuple(voices), variants, block["takes"],
-                    tuple(block["rate"]), tuple(block["pitch"]), block["seed"])
+                    tuple(block["rate"]), tuple(block["pitch"]), block["seed"], block["accents"])
 
 
 @dataclass
@@ -198,7 +282,8 @@ class Espeak:
         problems = self._synthesized(takes)
         return Listing([RawUtterance(t.utt_id, t.speaker, str(self.root / f"{t.utt_id}.wav"), t.text,
                                      problem=problems.get(t.utt_id),
-                                     source=f"{PROGRAM} -v {t.voice} -s {t.rate} -p {t.pitch}")
+                                     source=f"{PROGRAM} -v {t.voice} -s {t.rate} -p {t.pitch}"
+                                            + (f" accent={'+'.join(t.accent)}" if t.accent else ""))
                         for t in takes])
 
     def _synthesized(self, takes: list[Take]) -> dict[str, str]:
