@@ -100,3 +100,15 @@ def test_sigkill_and_resume_on_the_gpu_gives_the_same_model(tmp_path: Path) -> N
     final = torch.load(tmp_path / "killed" / "final.pt", weights_only=True, map_location="cpu")
     for key, value in reference["model"].items():
         assert torch.equal(value, final["model"][key]), key
+
+
+@pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs a machine with exactly one GPU")
+def test_two_learners_on_one_gpu_are_refused_with_a_clear_message(tmp_path: Path) -> None:
+    """NCCL needs one GPU per learner: the second learner says so, naming the setting to change."""
+    script = tmp_path / "learner.py"
+    script.write_text("from asrflow.nnet.train import _distributed\n_distributed(timeout=60)\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", "29611", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "learner 1 of this node has no GPU: the node has 1 GPU(s)" in proc.stdout + proc.stderr

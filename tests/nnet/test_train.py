@@ -67,8 +67,9 @@ def test_two_learners_under_torchrun(fbank, tmp_path: Path) -> None:  # noqa: F8
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), str(script), str(fbank), str(tmp_path / "ddp")]
+    # gloo on the CPU, also on a machine with fewer GPUs than learners (NCCL would need one GPU each)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     final = torch.load(tmp_path / "ddp" / "final.pt", weights_only=True)
     assert final["num_classes"] == 4

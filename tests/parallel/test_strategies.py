@@ -68,7 +68,7 @@ def torchrun(root: Path, out: Path, runs: dict[str, dict], processes: int) -> li
             "127.0.0.1", "--master-port", str(_free_port()), str(script), str(root), str(out), json.dumps(runs)]
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPU, on GPU machines too
 
 
 def run_learners(root: Path, out: Path, runs: dict[str, dict], processes: int, timeout: int = 600) -> dict[str, dict]:
