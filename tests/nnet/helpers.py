@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -62,3 +63,10 @@ def kill_at_first_checkpoint(training: subprocess.Popen, ckpt: Path) -> Path:
     os.kill(training.pid, signal.SIGKILL)
     training.wait()
     return ckpt
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for a torchrun rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -17,7 +17,7 @@ import torch
 from asrflow.nnet.data import FeatureDataset
 from asrflow.nnet.train import TrainOptions, train
 
-from .helpers import collapse, kill_at_first_checkpoint, synthetic_split
+from .helpers import collapse, free_port, kill_at_first_checkpoint, synthetic_split
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 
@@ -108,7 +108,7 @@ def test_two_learners_on_one_gpu_are_refused_with_a_clear_message(tmp_path: Path
     script = tmp_path / "learner.py"
     script.write_text("from asrflow.nnet.train import _distributed\n_distributed(timeout=60)\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", "29611", str(script)]
+           "--master-port", str(free_port()), str(script)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "learner 1 of this node has no GPU: the node has 1 GPU(s)" in proc.stdout + proc.stderr

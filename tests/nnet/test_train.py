@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .helpers import kill_at_first_checkpoint
+from .helpers import free_port, kill_at_first_checkpoint
 from .test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
 
 SCRIPT = """
@@ -66,7 +66,7 @@ def test_two_learners_under_torchrun(fbank, tmp_path: Path) -> None:  # noqa: F8
     script = tmp_path / "train_toy.py"
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), str(fbank), str(tmp_path / "ddp")]
+           "--master-port", str(free_port()), str(script), str(fbank), str(tmp_path / "ddp")]
     # gloo on the CPU, also on a machine with fewer GPUs than learners (NCCL would need one GPU each)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
@@ -74,14 +74,6 @@ def test_two_learners_under_torchrun(fbank, tmp_path: Path) -> None:  # noqa: F8
     final = torch.load(tmp_path / "ddp" / "final.pt", weights_only=True)
     assert final["num_classes"] == 4
     assert proc.stdout.count("best") == 2  # both ranks finished
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_schedules_warm_up_then_decay_or_newbob() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.nnet.helpers import free_port
 from tests.nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
 
 SCRIPT = """
@@ -51,21 +52,13 @@ for name, settings in runs.items():
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun(root: Path, out: Path, runs: dict[str, dict], processes: int) -> list[str]:
     """The torchrun command running SCRIPT with ``processes`` learners."""
     script = out / "learners.py"
     out.mkdir(parents=True, exist_ok=True)
     script.write_text(SCRIPT)
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "--master-addr",
-            "127.0.0.1", "--master-port", str(_free_port()), str(script), str(root), str(out), json.dumps(runs)]
+            "127.0.0.1", "--master-port", str(free_port()), str(script), str(root), str(out), json.dumps(runs)]
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPU, on GPU machines too
