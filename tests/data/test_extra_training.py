@@ -71,6 +71,17 @@ def test_extra_utterances_train_and_are_reported(tmp_path: Path, dask_client_1) 
     assert manifest["rejected_by_reason"]["duplicate speaker id"] == 1
 
 
+def test_an_extra_corpus_can_stay_out_of_speed_perturbation(tmp_path: Path, dask_client_1) -> None:
+    config = _config(tmp_path, audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.0, 1.1]})
+    config["corpus"]["extra_training"][0]["speed_perturb"] = False
+    out = tmp_path / "data"
+    prepare_data(config, out, dask_client_1, log=lambda *_: None)
+    perturbed = {u.utt_id for u in read_data_dir(out / "train_sp")}
+    assert extra_utterances(out / "train_sp") == {"eve-p1", "eve-p2"}  # once each, at speed 1
+    own = {u.utt_id for u in read_data_dir(out / "train")} - {"eve-p1", "eve-p2"}
+    assert perturbed == {"eve-p1", "eve-p2"} | own | {f"sp{f}-{u}" for f in ("0.9", "1.1") for u in own}
+
+
 def test_the_lm_held_out_and_tuning_are_the_own_corpus(tmp_path: Path, dask_client_1) -> None:
     config = _config(tmp_path, lang={"lexicon": "grapheme", "lm_order": 2}, nnet={"valid_fraction": 0.45})
     prepare_data(config, tmp_path / "data", dask_client_1, log=lambda *_: None)
@@ -93,7 +104,7 @@ def test_without_extra_corpora_nothing_changes(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     plain = stage_fingerprint(config, "data")
     config["corpus"]["extra_training"] = [{"name": "yesno", "language": "en", "path": None, "transcripts": None,
-                                           "download_dir": "downloads"}]
+                                           "download_dir": "downloads", "speed_perturb": True}]
     assert stage_fingerprint(config, "data") != plain
     config["corpus"]["extra_training"] = []
     assert stage_fingerprint(config, "data") == plain

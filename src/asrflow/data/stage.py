@@ -162,11 +162,14 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         write_report(out / "report.tsv", rejected)
         raise CorpusError(f"no utterance of {recipe.name} survived validation; see {out / 'report.tsv'}")
     extras: list[Utterance] = []
+    unperturbed: set[str] = set()  # extra utterances without speed-perturbed copies
     extra_stats: dict[str, dict[str, Any]] = {}
     for corpus, tag in zip(config["corpus"]["extra_training"], extra_tags(config["corpus"]["extra_training"])):
         _, found, dropped = _validated(corpus, config, client, tag, log)
         found, duplicates = _without_clashes(valid + extras, found)
         extras += found
+        if not corpus["speed_perturb"]:
+            unperturbed.update(u.utt_id for u in found)
         rejected += dropped + duplicates
         extra_stats[tag] = {**_split_stats(found), "rejected": len(dropped) + len(duplicates)}
         log(f"  extra training corpus {tag}: {len(found)} utterances join every training split")
@@ -182,7 +185,8 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         log(f"  split {name}: {len(members)} utterances")
     factors = copy_factors(audio["speed_perturb"])
     for name in [n for n in splits if is_training_split(n) and factors]:
-        members = with_copies([by_id[i] for i in splits[name]] + extras, factors)
+        members = with_copies([by_id[i] for i in splits[name]] + [u for u in extras if u.utt_id not in unperturbed],
+                              factors) + [u for u in extras if u.utt_id in unperturbed]
         write_data_dir(out / perturbed_split(name), members)
         split_stats[perturbed_split(name)] = _split_stats(members)
         log(f"  split {perturbed_split(name)}: {len(members)} utterances (speeds 1, {', '.join(map(str, factors))})")
