@@ -130,6 +130,8 @@ def test_accented_speakers_speak_from_rewritten_phonemes(tmp_path: Path) -> None
 def test_faults_are_named(tmp_path: Path) -> None:
     with pytest.raises(CorpusError, match="espeak.variants: m99"):
         recipe_from_config(make_config(tmp_path, corpus=_corpus(tmp_path, variants=["m3", "m99"]))["corpus"])
+    with pytest.raises(CorpusError, match="espeak.accents rewrites English phonemes; this corpus's language is 'es'"):
+        recipe_from_config(make_config(tmp_path, corpus={**_corpus(tmp_path, accents=1), "language": "es"})["corpus"])
     with pytest.raises(CorpusError, match="nothing to say"):
         recipe_from_config(make_config(tmp_path, corpus=_corpus(tmp_path, sentences=[]))["corpus"])
     listing = recipe_from_config(make_config(tmp_path, corpus=_corpus(tmp_path, voices=["en-us", "xx-nope"]))

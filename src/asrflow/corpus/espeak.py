@@ -252,6 +252,9 @@ def settings_from_config(corpus: dict) -> Settings:
     if unknown:
         raise CorpusError(f"espeak.variants: {', '.join(unknown)} not among eSpeak NG's variants "
                           f"(espeak-ng --voices=variant lists them)")
+    if block["accents"] and corpus["language"] != "en":
+        raise CorpusError(f"espeak.accents rewrites English phonemes; this corpus's language is "
+                          f"{corpus['language']!r} (set accents: 0)")
     voices = block["voices"] or (ENGLISH_ACCENTS if corpus["language"] == "en" else (corpus["language"],))
     return Settings(tuple(sentences), tuple(voices), variants, block["takes"],
                     tuple(block["rate"]), tuple(block["pitch"]), block["seed"], block["accents"])
