@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from asrflow.features import cmvn_stats, write_ark
+from asrflow.parallel.bench import free_port  # noqa: F401  (the torchrun tests' rendezvous port)
 
 WORDS = ("alpha", "bravo", "charlie", "delta")
 
@@ -63,10 +63,3 @@ def kill_at_first_checkpoint(training: subprocess.Popen, ckpt: Path) -> Path:
     os.kill(training.pid, signal.SIGKILL)
     training.wait()
     return ckpt
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback address now (for a torchrun rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

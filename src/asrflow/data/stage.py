@@ -184,9 +184,10 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         split_stats[name] = _split_stats(members)
         log(f"  split {name}: {len(members)} utterances")
     factors = copy_factors(audio["speed_perturb"])
+    copied = [u for u in extras if u.utt_id not in unperturbed]
+    once = [u for u in extras if u.utt_id in unperturbed]
     for name in [n for n in splits if is_training_split(n) and factors]:
-        members = with_copies([by_id[i] for i in splits[name]] + [u for u in extras if u.utt_id not in unperturbed],
-                              factors) + [u for u in extras if u.utt_id in unperturbed]
+        members = with_copies([by_id[i] for i in splits[name]] + copied, factors) + once
         write_data_dir(out / perturbed_split(name), members)
         split_stats[perturbed_split(name)] = _split_stats(members)
         log(f"  split {perturbed_split(name)}: {len(members)} utterances (speeds 1, {', '.join(map(str, factors))})")

@@ -28,7 +28,8 @@ ROW_KEYS = ("strategy", "learners", "compression", "batch", "measured_speedup", 
             "split_efficiency", "predicted_split", "t_calc", "t_transmit", "t_merge", "bytes_per_step")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback address now (a torchrun rendezvous on 127.0.0.1)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -44,7 +45,7 @@ def run_learners(config_files: list[str], system: str, paths: dict[str, str], pa
     with tempfile.TemporaryDirectory(prefix="asrflow-bench-") as tmp:
         summary = Path(tmp) / "summary.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(parallel["learners"]),
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "asrflow.parallel.bench",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "asrflow.parallel.bench",
                "--config", *config_files, "--system", system, "--parallel", json.dumps(parallel),
                "--epochs", str(epochs), "--threads", str(threads), "--summary", str(summary), "--state", tmp,
                *[f"--{k}={v}" for k, v in paths.items() if v], *(["--trace", str(trace)] if trace else [])]
