@@ -35,8 +35,8 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "align": ("gmm.shard_utts", "gmm.{system}"),
     "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode", "fmllr"),
     "decode": ("decode",),
-    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.valid_fraction", "nnet.parallel", "nnet.train",
-             "nnet.models.{system}"),
+    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.cmvn", "nnet.valid_fraction", "nnet.parallel",
+             "nnet.train", "nnet.models.{system}"),
     "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
     # an adapted network fine-tunes its source on each test speaker inside its decode job
@@ -351,7 +351,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
                                              "corpus": {"extra_training": []},
-                                             "": {"audio.speed_perturb": []}}
+                                             "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker"}}
 
 
 # Keys added to a nested section after networks were trained with it on: left out of its

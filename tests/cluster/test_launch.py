@@ -167,6 +167,25 @@ def test_speed_perturbation_switched_off_changes_no_fingerprint(tmp_path) -> Non
         assert fingerprint[0] == fingerprint[1] != fingerprint[2]
 
 
+def test_speaker_cmvn_changes_no_fingerprint_and_utterance_cmvn_retrains(tmp_path) -> None:
+    """nnet.cmvn at its default (speaker) retrains no network trained before the key existed; per-utterance CMVN,
+    for all networks or one, retrains what it applies to."""
+    from asrflow.config import model_cmvn
+
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    same = make_config(tmp_path, nnet={"cmvn": "speaker", "models": {"dnn": {"type": "dnn"}}})
+    every = make_config(tmp_path, nnet={"cmvn": "utterance", "models": {"dnn": {"type": "dnn"}}})
+    own = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "cmvn": "utterance"},
+                                                 "d2": {"type": "dnn", "cmvn": "utterance"},
+                                                 "e": {"type": "ensemble", "members": ["dnn", "d2"]},
+                                                 "sa": {"type": "adapted", "source": "dnn"}}})
+    assert base["nnet"]["cmvn"] == "speaker" and "cmvn" not in base["nnet"]["models"]["dnn"]
+    fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, same, every, own)]
+    assert fingerprint[0] == fingerprint[1] and len(set(fingerprint[1:])) == 3
+    assert [model_cmvn(c, "dnn") for c in (base, every, own)] == ["speaker", "utterance", "utterance"]
+    assert model_cmvn(own, "e") == model_cmvn(own, "sa") == "utterance"  # the member's, the source's
+
+
 @pytest.mark.parametrize(("key", "default", "on"), [
     ("edge_fragments", {"probability": 0.0, "max_frames": 30}, {"probability": 1.0, "max_frames": 60}),
     ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3}, {"weight": 1.0}),

@@ -156,3 +156,26 @@ def test_prefetched_items_come_in_order_and_stop_cleanly() -> None:
     assert next(items) == (0, 0) and next(items) == (1, 1)
     with pytest.raises(ValueError, match="bad batch 2"):
         next(items)
+
+
+def test_per_utterance_cmvn_centres_each_utterance_in_datasets_and_shards(fbank) -> None:
+    from asrflow.gmm.estep import features
+    from asrflow.gmm.shards import split_shards
+    from asrflow.lang.stage import prepare_lang
+
+    speaker = FeatureDataset(fbank / "data", fbank / "fbank", "train")
+    own = FeatureDataset(fbank / "data", fbank / "fbank", "train", cmvn="utterance")
+    assert len(own) == len(speaker) == 31
+    for i in (0, 7, 30):
+        feats = own[i][1]
+        assert float(feats.mean(0).abs().max()) < 1e-3  # every bin's mean 0 within the utterance
+        assert not torch.allclose(feats, speaker[i][1])  # the speaker's mean is not the utterance's
+    config = make_config(fbank / "cfg", corpus={"name": "yesno"})
+    prepare_lang(config, fbank / "data", "train", [], fbank / "lang", log=lambda *_: None)
+    by_speaker, by_utt = (split_shards(fbank / "data", fbank / "fbank", fbank / "lang", "train", 16, deltas=0,
+                                       cmvn=mode) for mode in ("speaker", "utterance"))
+    assert by_utt[0].key != by_speaker[0].key and by_utt[0].cmvn == {} and by_utt[0].per_utterance
+    np.testing.assert_allclose(features(by_utt[0])[0], own[0][1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(features(by_speaker[0])[0], speaker[0][1].numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="speaker or utterance"):
+        FeatureDataset(fbank / "data", fbank / "fbank", "train", cmvn="global")

@@ -271,6 +271,15 @@ def model_features(config: Mapping[str, Any], system: str) -> str:
     return config["nnet"]["models"][system].get("features", config["nnet"]["features"])
 
 
+def model_cmvn(config: Mapping[str, Any], system: str) -> str:
+    """How network ``system``'s features are mean-normalised, ``speaker`` or ``utterance``: its own ``cmvn``,
+    else ``nnet.cmvn`` (an ensemble: its first member's, which all members share; an adapted network: its
+    source's)."""
+    if (other := _reads_as(config, system)) is not None:
+        return model_cmvn(config, other)
+    return config["nnet"]["models"][system].get("cmvn", config["nnet"]["cmvn"])
+
+
 def model_alignments(config: Mapping[str, Any], system: str) -> str:
     """The GMM system whose alignments, tree and graph hybrid network ``system`` uses (and whose
     fMLLR features it reads): its own ``alignments``, else ``nnet.alignments`` (an ensemble: its
@@ -298,6 +307,11 @@ def _check_features(config: Mapping[str, Any], name: str) -> None:
         if len(set(used.values())) > 1:
             raise ConfigError(f"config key 'nnet.models.{name}.members': the members read different features "
                               f"({', '.join(f'{m}: {k}' for m, k in used.items())}); an ensemble decodes one kind")
+        norms = {m: model_cmvn(config, m) for m in members}
+        if len(set(norms.values())) > 1:
+            raise ConfigError(f"config key 'nnet.models.{name}.members': the members normalise their features "
+                              f"differently ({', '.join(f'{m}: cmvn {k}' for m, k in norms.items())}); an "
+                              f"ensemble feeds them one input")
         return
     kind = model_features(config, name)
     key = f"nnet.models.{name}.features" if "features" in model else "nnet.features"
@@ -416,11 +430,11 @@ def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> 
             raise ConfigError(f"{key}.source': only an adapted network has a source (this is a {model['type']} "
                               f"model)")
         return
-    own = {"features", "alignments", "init", "parallel"} | {k for sizes in SIZES.values() for k in sizes}
+    own = {"features", "alignments", "cmvn", "init", "parallel"} | {k for sizes in SIZES.values() for k in sizes}
     own -= set(SIZES["adapted"])
     extra = sorted(set(model) & own)
     if extra:
-        raise ConfigError(f"{key}': an adapted network takes its shape, features and GMM from its source; "
+        raise ConfigError(f"{key}': an adapted network takes its shape, features, normalisation and GMM from its source; "
                           f"{', '.join(extra)} not allowed (it has a source and train overrides)")
     if "source" not in model:
         raise ConfigError(f"{key}': an adapted network needs a source (a trained hybrid network of nnet.models)")

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
+from asrflow.config import model_cmvn
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_settings, gmm_decode_options, rtf
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
@@ -169,7 +170,8 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
                               gmm_dir, graph_dir, tuned, threads=threads, log=log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["nnet"]["decode"]["shard_utts"], deltas=0)
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["nnet"]["decode"]["shard_utts"], deltas=0,
+                          cmvn=model_cmvn(config, system))
     start = time.perf_counter()
     (opts,), per_shard = decode_network(config, system, net_dir, lang_dir, shards, client, [tuned or {}],
                                         gmm_dir, graph_dir, desc=f"decode-{system}-{test}")

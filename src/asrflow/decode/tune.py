@@ -97,6 +97,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     errors and WER, and the whole grid. The held-out utterances are decoded with an LM estimated
     without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
+    from asrflow.config import model_cmvn
     from asrflow.decode.stage import decode_network, decoder_kind, make_graph
     from asrflow.nnet import NnetError
 
@@ -119,7 +120,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
                         data_dir, feats_dir, lang_dir, train_split, out, build_graph, decode, deltas=0,
                         fragment_frames=check["max_frames"] if check["enabled"] else None, alignments=gmm_dir,
-                        log=log)
+                        cmvn=model_cmvn(config, system), log=log)
 
 
 def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_dir: str | Path,
@@ -150,7 +151,7 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
                  build_graph: Callable[[Path], Any],
                  decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]], deltas: int = 0,
                  fragment_frames: int | None = None, alignments: str | Path | None = None,
-                 log=print) -> dict[str, Any]:
+                 cmvn: str = "speaker", log=print) -> dict[str, Any]:
     """The grid search shared by networks and GMMs.
 
     ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph
@@ -167,7 +168,7 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     points = grid_points(tune, axes)
     held_out = held_out_utterances(config, data_dir, train_split)
     shards = split_shards(data_dir, feats_dir, lang_dir, train_split, config["nnet"]["decode"]["shard_utts"],
-                          deltas=deltas, only=held_out)
+                          deltas=deltas, only=held_out, cmvn=cmvn)
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
     # the LM and graph without the held-out transcripts (the test sets' are not in the LM either)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asrflow.features import add_deltas, apply_cmvn, load
+from asrflow.features import add_deltas, apply_cmvn, cmvn_stats, load
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
@@ -36,9 +36,10 @@ class Shard:
     feats: tuple[str, ...]  # scp values "<ark>:<offset>"
     speakers: tuple[str, ...]
     word_ids: tuple[tuple[int, ...], ...]
-    cmvn: dict  # speaker -> Kaldi CMVN stats (2, dim + 1)
+    cmvn: dict  # speaker -> Kaldi CMVN stats (2, dim + 1); empty with per_utterance
     lang_dir: str
     deltas: int = 2
+    per_utterance: bool = False  # each utterance normalised by its own mean (a network's cmvn: utterance)
 
 
 @dataclass
@@ -68,12 +69,13 @@ class EStepResult:
 
 
 def features(shard: Shard) -> list[np.ndarray]:
-    """CMVN (per speaker) then Δ/ΔΔ features of a shard, cached per worker process."""
+    """CMVN (per speaker, or per utterance) then Δ/ΔΔ features of a shard, cached per worker process."""
     cached = _FEATURES.get(shard.key)
     if cached is None:
         cached = []
         for value, spk in zip(shard.feats, shard.speakers):
-            mat = apply_cmvn(load(value), shard.cmvn[spk])
+            raw = load(value)
+            mat = apply_cmvn(raw, cmvn_stats(raw) if shard.per_utterance else shard.cmvn[spk])
             cached.append(np.ascontiguousarray(add_deltas(mat, shard.deltas) if shard.deltas else mat))
         _FEATURES[shard.key] = cached
     return cached

@@ -16,14 +16,15 @@ from asrflow.lang.lexicon import OOV_WORD
 
 
 def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, split: str,
-                 shard_utts: int, deltas: int = 2, only: set[str] | None = None) -> list[Shard]:
+                 shard_utts: int, deltas: int = 2, only: set[str] | None = None,
+                 cmvn: str = "speaker") -> list[Shard]:
     """Shards of ``split`` (sorted utterances with features, those in ``only`` if given), transcripts as word ids
-    (OOV → ``<unk>``)."""
+    (OOV → ``<unk>``); ``cmvn`` ``utterance``: features normalised per utterance, not per speaker."""
     data_dir, feats_dir = Path(data_dir), Path(feats_dir)
     text = read_table(data_dir / split / "text")
     utt2spk = read_table(data_dir / split / "utt2spk")
     scp = read_scp(feats_dir / split / "feats.scp")
-    cmvn = {spk: mat for spk, mat in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items()}
+    stats = {spk: mat for spk, mat in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items()}
     words = read_symbols(Path(lang_dir) / "words.txt")
     oov = words[OOV_WORD]
     utts = [u for u in sorted(text) if u in scp and (only is None or u in only)]
@@ -32,13 +33,14 @@ def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Pa
     for i, group in enumerate(shard(utts, shard_utts)):
         speakers = tuple(utt2spk[u] for u in group)
         out.append(Shard(
-            key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{shard_utts}/{i}",  # shards of another size differ
+            key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{shard_utts}/{cmvn}/{i}",  # each variant its own
             utts=tuple(group),
             feats=tuple(scp[u] for u in group),
             speakers=speakers,
             word_ids=tuple(tuple(words.get(w, oov) for w in text[u].split()) for u in group),
-            cmvn={s: cmvn[s] for s in set(speakers)},
+            cmvn={} if cmvn == "utterance" else {s: stats[s] for s in set(speakers)},
             lang_dir=str(lang_dir),
             deltas=deltas,
+            per_utterance=cmvn == "utterance",
         ))
     return out

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from asrflow.config import model_cmvn
 from asrflow.decode.decoder import DecodeResult
 from asrflow.nnet import NnetError
 
@@ -77,8 +78,9 @@ def adapt_speaker(config: dict[str, Any], system: str, net_dir: Path, source: di
     if len(usable) < 2:
         return None
     valid = held_out(usable, config["nnet"]["valid_fraction"], config["seed"])
-    train_set = FeatureDataset(data_dir, feats_dir, test, targets, utterances=set(usable) - valid)
-    valid_set = FeatureDataset(data_dir, feats_dir, test, targets, utterances=valid)
+    cmvn = model_cmvn(config, system)
+    train_set = FeatureDataset(data_dir, feats_dir, test, targets, utterances=set(usable) - valid, cmvn=cmvn)
+    valid_set = FeatureDataset(data_dir, feats_dir, test, targets, utterances=valid, cmvn=cmvn)
     extra = {k: v for k, v in source.items() if k not in HEADER_KEYS}
     summary = train(source["config"], train_options(config, system), train_set, valid_set, source["num_classes"],
                     out_dir, log=log, extra=extra, state_dir=out_dir / "state", init=source)
@@ -112,7 +114,8 @@ def decode_adapted(config: dict[str, Any], system: str, net_dir: str | Path, dat
     out.mkdir(parents=True, exist_ok=True)
     shard_utts = config["nnet"]["decode"]["shard_utts"]
     start = time.perf_counter()
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, shard_utts, deltas=0)
+    cmvn = model_cmvn(config, system)
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, shard_utts, deltas=0, cmvn=cmvn)
     (opts,), per_shard = decode_network(config, source, net_dir, lang_dir, shards, client,
                                         [{**(tuned or {}), "alignments": True}], gmm_dir, graph_dir,
                                         desc=f"first-pass-{system}-{test}")
@@ -129,7 +132,8 @@ def decode_adapted(config: dict[str, Any], system: str, net_dir: str | Path, dat
     first_hyps = {utt: words for r in first for utt, words in r.hyps.items()}
     for spk, utts in speakers.items():
         work = out / "speakers" / spk
-        spk_shards = split_shards(data_dir, feats_dir, lang_dir, test, shard_utts, deltas=0, only=set(utts))
+        spk_shards = split_shards(data_dir, feats_dir, lang_dir, test, shard_utts, deltas=0, only=set(utts),
+                                  cmvn=cmvn)
         spk_targets, info, result = targets, None, None
         for round_ in range(rounds):  # each round fine-tunes the source on the latest pass's best paths
             if threads:  # a decoding task in this process may have left torch with one thread

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from asrflow.data.datadir import read_table
-from asrflow.features import apply_cmvn, load, read_scp
+from asrflow.features import apply_cmvn, cmvn_stats, load, read_scp
 
 T = TypeVar("T")
 
@@ -45,18 +45,22 @@ class FeatureDataset(torch.utils.data.Dataset):
     (CTC). Utterances without targets, with frame targets of the wrong length, with an empty
     label sequence, or with more labels than ``frames // subsampling`` (CTC cannot emit
     them) are left out and listed in :attr:`rejected` with the reason. ``utterances``
-    restricts the set (e.g. a held-out part of the training split).
+    restricts the set (e.g. a held-out part of the training split). ``cmvn`` ``utterance``
+    normalises each utterance by its own mean instead of its speaker's (``nnet.cmvn``).
     """
 
     def __init__(self, data_dir: str | Path, feats_dir: str | Path, split: str,
                  targets: dict[str, np.ndarray] | None = None, frame_targets: bool = True,
-                 utterances: set[str] | None = None, subsampling: int = 1) -> None:
+                 utterances: set[str] | None = None, subsampling: int = 1, cmvn: str = "speaker") -> None:
         feats_dir = Path(feats_dir)
         self.split = split
         scp = read_scp(feats_dir / split / "feats.scp")
         frames = {u: int(n) for u, n in read_table(feats_dir / split / "utt2num_frames").items()}
         utt2spk = read_table(Path(data_dir) / split / "utt2spk")
-        self.cmvn = dict(kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items())
+        if cmvn not in ("speaker", "utterance"):
+            raise ValueError(f"cmvn must be speaker or utterance, not {cmvn!r}")
+        self.per_utterance = cmvn == "utterance"
+        self.cmvn = {} if self.per_utterance else dict(kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items())
         self.rejected: dict[str, str] = {}
         self.items: list[tuple[str, str, str, int]] = []
         for utt in sorted(scp):
@@ -88,7 +92,8 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor | None]:
         utt, value, spk, _ = self.items[index]
-        feats = torch.from_numpy(apply_cmvn(load(value), self.cmvn[spk]))
+        mat = load(value)
+        feats = torch.from_numpy(apply_cmvn(mat, cmvn_stats(mat) if self.per_utterance else self.cmvn[spk]))
         target = torch.from_numpy(self.targets[utt]) if self.targets is not None else None
         return utt, feats, target
 

@@ -20,7 +20,7 @@ SIZES: dict[str, dict[str, Any]] = {
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
 NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments",
-                 "init", "source")
+                 "cmvn", "init", "source")
 
 
 def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:

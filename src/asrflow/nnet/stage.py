@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrflow.config import model_alignments, model_features, model_train
+from asrflow.config import model_alignments, model_cmvn, model_features, model_train
 from asrflow.data.datadir import own_texts, read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
@@ -163,7 +163,8 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     subsampling = model.get("subsampling", 1)
 
     def dataset(split: str, keep: set[str]) -> FeatureDataset:
-        return FeatureDataset(data_dir, feats_dir, split, targets.labels, targets.frame_level, keep, subsampling)
+        return FeatureDataset(data_dir, feats_dir, split, targets.labels, targets.frame_level, keep, subsampling,
+                              cmvn=model_cmvn(config, system))
 
     train_set, valid_set = dataset(source, train_utts), dataset(train_split, valid_utts)
     fragments = model_train(config, system)["edge_fragments"]
@@ -259,6 +260,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     alignments = model_alignments(config, system) if objective == "hybrid" else None  # the GMM of the targets
     run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": features,
+                    "nnet.effective.cmvn": model_cmvn(config, system),
                     "nnet.effective.alignments": alignments or "none",
                     "nnet.effective.init": model.get("init", "none")})
     pending: list[tuple[int, dict]] = []
@@ -276,7 +278,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
-                "features": features, "alignments": alignments, "init": model.get("init"),
+                "features": features, "cmvn": model_cmvn(config, system), "alignments": alignments,
+                "init": model.get("init"),
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

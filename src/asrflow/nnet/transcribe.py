@@ -5,11 +5,10 @@ A :class:`Transcriber` is built from a handful of files (the bundle logged with 
 options) and, for a hybrid network, ``gmm`` (final.mdl.pkl), ``graph`` (HCLG.fst) and
 ``words`` (words.txt beside it); for CTC over phones ``graph`` (TLG.fst) and ``words``; for
 other CTC networks, optionally ``lm`` (lm.arpa). Audio is read, resampled
-and featurised exactly as in training. A single file has no speaker, so instead of the
-per-speaker CMVN of training it is normalised with ``cmvn`` (the training split's pooled
-statistics, ``cmvn.npy``); on FSDD that recognised 28/30 files with the DNN against 26/30
-with per-utterance CMVN, while the CTC model lost accuracy either way (22/30; it is more
-sensitive to the mismatch).
+and featurised exactly as in training. A network trained with ``cmvn: utterance`` normalises
+each file by its own mean, as in training. A single file has no speaker, so a network trained
+with per-speaker CMVN is given ``cmvn`` instead (the training split's pooled statistics,
+``cmvn.npy``): a mismatch, which cost FSDD's DNN 2 of 30 files and its CTC model 8 (docs/nnet.md).
 """
 
 from __future__ import annotations
@@ -42,14 +41,14 @@ def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: 
                  out_dir: Path | None = None, tuned: dict[str, float] | None = None) -> dict[str, str]:
     """The files a :class:`Transcriber` needs, by name (none for networks that read fmllr features).
 
-    ``settings.json`` and ``cmvn.npy`` are written into ``out_dir`` (default ``net_dir``).
+    ``settings.json`` and, for per-speaker CMVN, ``cmvn.npy`` are written into ``out_dir`` (default ``net_dir``).
     ``tuned`` (the tune stage's choice) replaces the configured decoder settings, so the
     model decodes as the test sets were decoded.
     """
     from asrflow.decode.stage import decoder_kind
     from asrflow.decode.tune import AXES
 
-    from asrflow.config import model_features
+    from asrflow.config import model_cmvn, model_features
 
     if model_features(config, system) == "fmllr":
         return {}  # no transcriber: adapted features need a GMM first pass over each speaker's utterances
@@ -58,11 +57,15 @@ def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: 
     kind = decoder_kind(model)
     decode = {**config["nnet"]["decode"], **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}
     opts = FeatureOptions.from_config(config["features"], model_features(config, system), config["audio"]["sample_rate"])
+    cmvn = model_cmvn(config, system)
     settings = {"system": system, "objective": model["objective"], "decoder": kind, "features": asdict(opts),
-                "decode": decode, "tuned": tuned or {}, "graph_decode": config["decode"], "seed": config["seed"]}
+                "cmvn": cmvn, "decode": decode, "tuned": tuned or {}, "graph_decode": config["decode"],
+                "seed": config["seed"]}
     (out_dir / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
-    np.save(out_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
-    files = {"network": net_dir / "final.pt", "settings": out_dir / SETTINGS, "cmvn": out_dir / "cmvn.npy"}
+    files = {"network": net_dir / "final.pt", "settings": out_dir / SETTINGS}
+    if cmvn == "speaker":
+        np.save(out_dir / "cmvn.npy", pooled_cmvn(feats_dir, train))
+        files["cmvn"] = out_dir / "cmvn.npy"
     if kind == "hclg":
         files.update(gmm=gmm_dir / "final.mdl.pkl", graph=graph_dir / "HCLG.fst", words=graph_dir / "words.txt")
     elif kind == "tlg":
@@ -110,7 +113,8 @@ class Transcriber:
             self._cleanup()
 
     def featurise(self, path: str) -> np.ndarray:
-        """Features of one audio file, normalised with the pooled training CMVN (else its own)."""
+        """Features of one audio file, normalised with the pooled training CMVN (a network trained with
+        per-utterance CMVN, or a bundle without ``cmvn``: its own)."""
         from asrflow.data.audio import read_audio, resample
         from asrflow.features.stage import INT16_SCALE
 

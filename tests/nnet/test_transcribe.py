@@ -1,0 +1,36 @@
+"""The MLflow model's bundle: a lone wav file is normalised as the network's training data was."""
+
+from __future__ import annotations
+
+import json
+
+import kaldiio
+import numpy as np
+
+from ..conftest import make_config
+
+
+def _cmvn_scp(folder) -> None:
+    """Two speakers' CMVN statistics of 3-dimensional features, as the features stage writes them."""
+    stats = {"a": np.array([[2.0, 4.0, 6.0, 2.0], [5.0, 9.0, 20.0, 0.0]]),
+             "b": np.array([[3.0, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 0.0]])}
+    (folder / "train").mkdir(parents=True)
+    with kaldiio.WriteHelper(f"ark,scp:{folder}/train/cmvn.ark,{folder}/train/cmvn.scp") as writer:
+        for spk, mat in stats.items():
+            writer(spk, mat)
+
+
+def test_bundle_carries_pooled_statistics_only_for_per_speaker_cmvn(tmp_path) -> None:
+    from asrflow.nnet.transcribe import bundle_files
+
+    _cmvn_scp(tmp_path / "fbank")
+    config = make_config(tmp_path, features={"kinds": ["fbank"]},
+                         nnet={"models": {"spk": {"type": "dnn"}, "utt": {"type": "dnn", "cmvn": "utterance"}}},
+                         evaluation={"systems": ["spk", "utt"]})
+    for system in ("spk", "utt"):
+        (tmp_path / system).mkdir()
+    spk = bundle_files(config, "spk", tmp_path / "spk", tmp_path / "fbank", "train", tmp_path, tmp_path, None)
+    utt = bundle_files(config, "utt", tmp_path / "utt", tmp_path / "fbank", "train", tmp_path, tmp_path, None)
+    np.testing.assert_allclose(np.load(spk["cmvn"]), [[5.0, 7.0, 9.0, 5.0], [8.0, 12.0, 23.0, 0.0]])
+    assert "cmvn" not in utt and not (tmp_path / "utt" / "cmvn.npy").exists()  # each file its own mean
+    assert [json.loads(open(b["settings"]).read())["cmvn"] for b in (spk, utt)] == ["speaker", "utterance"]
