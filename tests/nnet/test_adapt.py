@@ -119,3 +119,35 @@ def test_adapting_a_speaker_fits_its_targets_and_keeps_the_source_otherwise(tmp_
     # one utterance with targets leaves nothing to hold out: no adaptation
     assert adapt_speaker(config, "sa", source_dir, source, tmp_path / "data", tmp_path / "feats", "train", spk0,
                          {spk0[0]: labels[spk0[0]]}, tmp_path / "none") is None
+
+
+def test_an_ensemble_is_adapted_as_one_network(tmp_path: Path) -> None:
+    """Adapting an ensemble fine-tunes its members together on the ensemble's own first-pass targets."""
+    from asrflow.nnet.adapt import adapt_speaker
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.ensemble import combined_checkpoint
+    from asrflow.nnet.train import TrainOptions, train
+    from asrflow.workflow import nnet_decode_inputs
+
+    labels = synthetic_split(tmp_path, utterances=36)
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
+    members = []
+    for seed in (1, 2):
+        opts = TrainOptions(epochs=1, max_frames=500, lr=1e-2, warmup_steps=2, patience=5, seed=seed)
+        train(NET, opts, data, data, 4, tmp_path / f"m{seed}", log=lambda _: None, extra={"priors": torch.zeros(4)})
+        members.append(torch.load(tmp_path / f"m{seed}" / "final.pt", weights_only=True))
+    saved, _ = combined_checkpoint(members, ["a", "b"], "log_linear")
+    (tmp_path / "ens").mkdir()
+    torch.save(saved, tmp_path / "ens" / "final.pt")
+    np.save(tmp_path / "ens" / "priors.npy", np.log(np.full(4, 0.25)))
+    config = _config({"a": dict(NET), "b": {**NET, "train": {"seed": 2}}, "ens": {"type": "ensemble", "members": ["a", "b"]},
+                      "sa": {"type": "adapted", "source": "ens", "train": {"epochs": 2, "lr": 0.01, "max_frames": 500}}},
+                     ["sa"])
+    assert nnet_decode_inputs(config, "test", "sa")["model"].endswith("/nnet/train/ens")
+    spk0 = sorted(u for u in labels if u.startswith("spk0-"))
+    info = adapt_speaker(config, "sa", tmp_path / "ens", saved, tmp_path / "data", tmp_path / "feats", "train", spk0,
+                         labels, tmp_path / "spk0", log=lambda _: None)
+    assert info["utterances"] == len(spk0) and info["epochs"] >= 1
+    adapted = torch.load(tmp_path / "spk0" / "final.pt", weights_only=True)
+    assert adapted["config"] == saved["config"] and adapted["config"]["type"] == "ensemble"
+    assert set(adapted["model"]) == set(saved["model"])  # both members' weights, fine-tuned together

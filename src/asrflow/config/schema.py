@@ -423,7 +423,8 @@ def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) ->
 
 
 def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:
-    """An adapted network names one trained hybrid network of ``models`` (its source); other types name none."""
+    """An adapted network names one trained hybrid network or ensemble of ``models`` (its source); other types
+    name none."""
     key = f"config key 'nnet.models.{name}"
     if model["type"] != "adapted":
         if "source" in model:
@@ -448,9 +449,9 @@ def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> 
         hint = difflib.get_close_matches(source, list(models), n=1)
         raise ConfigError(f"{key}.source': {source!r} is not a network in nnet.models"
                           + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-    if other["type"] in ("ensemble", "adapted") or other["objective"] != "hybrid" or model["objective"] != "hybrid":
-        raise ConfigError(f"{key}.source': {source!r} is not a trained hybrid network (adaptation fine-tunes one "
-                          f"network's tied-state outputs on its first-pass alignments)")
+    if other["type"] == "adapted" or other["objective"] != "hybrid" or model["objective"] != "hybrid":
+        raise ConfigError(f"{key}.source': {source!r} is not a trained hybrid network or an ensemble of them "
+                          f"(adaptation fine-tunes tied-state outputs on their first-pass alignments)")
 
 
 def load_config(*paths: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
