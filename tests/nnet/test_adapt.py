@@ -140,9 +140,10 @@ def test_an_ensemble_is_adapted_as_one_network(tmp_path: Path) -> None:
     (tmp_path / "ens").mkdir()
     torch.save(saved, tmp_path / "ens" / "final.pt")
     np.save(tmp_path / "ens" / "priors.npy", np.log(np.full(4, 0.25)))
-    config = _config({"a": dict(NET), "b": {**NET, "train": {"seed": 2}}, "ens": {"type": "ensemble", "members": ["a", "b"]},
-                      "sa": {"type": "adapted", "source": "ens", "train": {"epochs": 2, "lr": 0.01, "max_frames": 500}}},
-                     ["sa"])
+    adapt = {"epochs": 2, "lr": 0.01, "max_frames": 500}
+    config = _config({"a": dict(NET), "b": {**NET, "train": {"seed": 2}},
+                      "ens": {"type": "ensemble", "members": ["a", "b"]},
+                      "sa": {"type": "adapted", "source": "ens", "train": adapt}}, ["sa"])
     assert nnet_decode_inputs(config, "test", "sa")["model"].endswith("/nnet/train/ens")
     spk0 = sorted(u for u in labels if u.startswith("spk0-"))
     info = adapt_speaker(config, "sa", tmp_path / "ens", saved, tmp_path / "data", tmp_path / "feats", "train", spk0,

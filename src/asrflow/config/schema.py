@@ -435,8 +435,8 @@ def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> 
     own -= set(SIZES["adapted"])
     extra = sorted(set(model) & own)
     if extra:
-        raise ConfigError(f"{key}': an adapted network takes its shape, features, normalisation and GMM from its source; "
-                          f"{', '.join(extra)} not allowed (it has a source and train overrides)")
+        raise ConfigError(f"{key}': an adapted network takes its shape, features, normalisation and GMM from its "
+                          f"source; {', '.join(extra)} not allowed (it has a source and train overrides)")
     if "source" not in model:
         raise ConfigError(f"{key}': an adapted network needs a source (a trained hybrid network of nnet.models)")
     off = sorted(set(model.get("train", {})) & {"speed_perturb", *ADAPT_OFF})
