@@ -128,3 +128,4 @@ def test_cmvn_stats_and_apply() -> None:
     y = apply_cmvn(x, stats, norm_vars=True)
     np.testing.assert_allclose(y.mean(0), 0, atol=1e-5)
     np.testing.assert_allclose(y.std(0), 1, atol=1e-4)
+    np.testing.assert_array_equal(apply_cmvn(x, None), apply_cmvn(x, stats))  # None: the matrix's own statistics

@@ -264,29 +264,28 @@ def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
 
 
 def model_features(config: Mapping[str, Any], system: str) -> str:
-    """The feature kind network ``system`` reads: its own ``features``, else ``nnet.features``
-    (an ensemble: its first member's, which all members share; an adapted network: its source's)."""
-    if (other := _reads_as(config, system)) is not None:
-        return model_features(config, other)
-    return config["nnet"]["models"][system].get("features", config["nnet"]["features"])
+    """The feature kind network ``system`` reads: its own ``features``, else ``nnet.features``."""
+    return _inherited(config, system, "features")
 
 
 def model_cmvn(config: Mapping[str, Any], system: str) -> str:
     """How network ``system``'s features are mean-normalised, ``speaker`` or ``utterance``: its own ``cmvn``,
-    else ``nnet.cmvn`` (an ensemble: its first member's, which all members share; an adapted network: its
-    source's)."""
-    if (other := _reads_as(config, system)) is not None:
-        return model_cmvn(config, other)
-    return config["nnet"]["models"][system].get("cmvn", config["nnet"]["cmvn"])
+    else ``nnet.cmvn``."""
+    return _inherited(config, system, "cmvn")
 
 
 def model_alignments(config: Mapping[str, Any], system: str) -> str:
     """The GMM system whose alignments, tree and graph hybrid network ``system`` uses (and whose
-    fMLLR features it reads): its own ``alignments``, else ``nnet.alignments`` (an ensemble: its
-    first member's, which all members share; an adapted network: its source's)."""
+    fMLLR features it reads): its own ``alignments``, else ``nnet.alignments``."""
+    return _inherited(config, system, "alignments")
+
+
+def _inherited(config: Mapping[str, Any], system: str, key: str) -> Any:
+    """Network ``system``'s own ``key``, else ``nnet.<key>``; an ensemble's is its first member's (which all
+    members share), an adapted network's its source's."""
     if (other := _reads_as(config, system)) is not None:
-        return model_alignments(config, other)
-    return config["nnet"]["models"][system].get("alignments", config["nnet"]["alignments"])
+        return _inherited(config, other, key)
+    return config["nnet"]["models"][system].get(key, config["nnet"][key])
 
 
 def _reads_as(config: Mapping[str, Any], system: str) -> str | None:

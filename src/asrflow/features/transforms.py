@@ -24,8 +24,11 @@ def cmvn_stats(feats: np.ndarray) -> np.ndarray:
     return stats
 
 
-def apply_cmvn(feats: np.ndarray, stats: np.ndarray, norm_vars: bool = False) -> np.ndarray:
-    """Normalise ``feats`` with Kaldi CMVN ``stats`` (mean; variance too if ``norm_vars``)."""
+def apply_cmvn(feats: np.ndarray, stats: np.ndarray | None, norm_vars: bool = False) -> np.ndarray:
+    """Normalise ``feats`` with Kaldi CMVN ``stats`` (mean; variance too if ``norm_vars``); ``stats`` None:
+    the matrix's own statistics (per-utterance CMVN)."""
+    if stats is None:
+        stats = cmvn_stats(feats)
     count = stats[0, -1]
     if count < 1:
         raise ValueError("CMVN statistics have no frames")

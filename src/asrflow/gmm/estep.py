@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asrflow.features import add_deltas, apply_cmvn, cmvn_stats, load
+from asrflow.features import add_deltas, apply_cmvn, load
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
@@ -74,8 +74,7 @@ def features(shard: Shard) -> list[np.ndarray]:
     if cached is None:
         cached = []
         for value, spk in zip(shard.feats, shard.speakers):
-            raw = load(value)
-            mat = apply_cmvn(raw, cmvn_stats(raw) if shard.per_utterance else shard.cmvn[spk])
+            mat = apply_cmvn(load(value), None if shard.per_utterance else shard.cmvn[spk])
             cached.append(np.ascontiguousarray(add_deltas(mat, shard.deltas) if shard.deltas else mat))
         _FEATURES[shard.key] = cached
     return cached

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from asrflow.data.datadir import read_table
-from asrflow.features import apply_cmvn, cmvn_stats, load, read_scp
+from asrflow.features import apply_cmvn, load, read_scp
 
 T = TypeVar("T")
 
@@ -92,8 +92,7 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor | None]:
         utt, value, spk, _ = self.items[index]
-        mat = load(value)
-        feats = torch.from_numpy(apply_cmvn(mat, cmvn_stats(mat) if self.per_utterance else self.cmvn[spk]))
+        feats = torch.from_numpy(apply_cmvn(load(value), None if self.per_utterance else self.cmvn[spk]))
         target = torch.from_numpy(self.targets[utt]) if self.targets is not None else None
         return utt, feats, target
 

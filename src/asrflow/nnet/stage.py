@@ -256,11 +256,11 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                          f"(see {out / 'report.tsv'})")
     (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
-    features = model_features(config, system)
+    features, cmvn = model_features(config, system), model_cmvn(config, system)
     alignments = model_alignments(config, system) if objective == "hybrid" else None  # the GMM of the targets
     run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": features,
-                    "nnet.effective.cmvn": model_cmvn(config, system),
+                    "nnet.effective.cmvn": cmvn,
                     "nnet.effective.alignments": alignments or "none",
                     "nnet.effective.init": model.get("init", "none")})
     pending: list[tuple[int, dict]] = []
@@ -278,8 +278,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
-                "features": features, "cmvn": model_cmvn(config, system), "alignments": alignments,
-                "init": model.get("init"),
+                "features": features, "cmvn": cmvn, "alignments": alignments, "init": model.get("init"),
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

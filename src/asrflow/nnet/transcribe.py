@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.features.compute import FeatureOptions, compute
-from asrflow.features.transforms import apply_cmvn, cmvn_stats
+from asrflow.features.transforms import apply_cmvn
 
 SETTINGS = "settings.json"
 
@@ -122,7 +122,7 @@ class Transcriber:
         samples, rate = read_audio(path)
         signal = resample(samples, rate, self.features.sample_rate) * np.float32(INT16_SCALE)
         feats = compute(signal, self.features, key=Path(path).name, seed=self.settings["seed"])
-        return apply_cmvn(feats, self.cmvn if self.cmvn is not None else cmvn_stats(feats)).astype(np.float32)
+        return apply_cmvn(feats, self.cmvn)
 
     def transcribe(self, paths: list[str]) -> list[str]:
         """One transcript per file."""
