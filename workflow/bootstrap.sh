@@ -30,18 +30,20 @@ if [ -z "${ASRFLOW_DATA_MIRROR:-}" ] && [ -d "$root/../shared/corpora" ]; then
   echo "asrflow: using the corpus mirror $ASRFLOW_DATA_MIRROR" >&2
 fi
 
-# System packages: eSpeak NG, for the espeak recipe (synthetic speakers), installed where missing when root.
-if ! command -v espeak-ng >/dev/null 2>&1; then
+# System packages: the synthesisers of the espeak and flite recipes (synthetic speakers), installed where
+# missing when root. The program and its Debian package have the same name.
+for program in espeak-ng flite; do
+  command -v "$program" >/dev/null 2>&1 && continue
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "asrflow: installing espeak-ng (apt-get)" >&2
+    echo "asrflow: installing $program (apt-get)" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } \
-      || echo "asrflow: could not install espeak-ng; the espeak recipe (and its tests) will not run" >&2
+    apt-get install -y -q --no-install-recommends "$program" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends "$program" >/dev/null 2>&1; } \
+      || echo "asrflow: could not install $program; its recipe (and its tests) will not run" >&2
   else
-    echo "asrflow: espeak-ng is not installed; the espeak recipe needs it (as root: apt-get install espeak-ng)" >&2
+    echo "asrflow: $program is not installed; its recipe needs it (as root: apt-get install $program)" >&2
   fi
-fi
+done
 
 command=${1:-}
 [ $# -gt 0 ] && shift

@@ -14,7 +14,7 @@ import soundfile as sf
 
 from asrflow.config.schema import ConfigError
 from asrflow.corpus import CorpusError, recipe_from_config
-from asrflow.corpus import espeak
+from asrflow.corpus import espeak, synth
 from asrflow.data import read_data_dir
 from asrflow.data.datadir import extra_utterances
 from asrflow.data.stage import prepare_data
@@ -84,12 +84,13 @@ def test_finish_trims_digital_silence_and_adds_background() -> None:
     signal = np.zeros(rate)
     signal[5000:9000] = 0.2 * np.sin(np.arange(4000) * 0.3)
     out = espeak.finish(signal, rate, take)
-    assert out.size <= 4000 + int((espeak.LEAD_S[1] + espeak.TAIL_S[1]) * rate) + 2
+    assert out.size <= 4000 + int((synth.LEAD_S[1] + synth.TAIL_S[1]) * rate) + 2
     assert out.size >= 4000
-    assert abs(np.abs(out).max() - take.peak) < 0.01
-    quiet = out[: int(take.lead_s * rate)] if take.lead_s * rate >= 1 else out[-int(take.tail_s * rate):]
+    assert abs(np.abs(out).max() - take.levels.peak) < 0.01
+    levels = take.levels
+    quiet = out[: int(levels.lead_s * rate)] if levels.lead_s * rate >= 1 else out[-int(levels.tail_s * rate):]
     level = 20 * np.log10(np.sqrt(np.mean(quiet**2)))
-    assert abs(level - take.noise_dbfs) < 3, (level, take.noise_dbfs)
+    assert abs(level - levels.noise_dbfs) < 3, (level, levels.noise_dbfs)
     with pytest.raises(ValueError, match="only silence"):
         espeak.finish(np.zeros(100), rate, take)
 

@@ -166,13 +166,18 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
     return config
 
 
+#: Recipes with a settings block of their own name (corpus.<recipe>, corpus.extra_training[].<recipe>)
+RECIPE_BLOCKS = ("espeak", "flite")
+
+
 def _check_corpus_blocks(corpus: Mapping[str, Any]) -> None:
     """Recipe-specific settings sit only on a corpus of that recipe (an ``espeak`` block on an fsdd corpus is a slip)."""
     entries = [("corpus", corpus)] + [(f"corpus.extra_training.{i}", e) for i, e in enumerate(corpus["extra_training"])]
     for key, entry in entries:
-        if "espeak" in entry and entry["name"] != "espeak":
-            raise ConfigError(f"config key '{key}.espeak': only the espeak recipe reads it (this corpus is "
-                              f"{entry['name']!r}; did you mean name: espeak?)")
+        for recipe in RECIPE_BLOCKS:
+            if recipe in entry and entry["name"] != recipe:
+                raise ConfigError(f"config key '{key}.{recipe}': only the {recipe} recipe reads it (this corpus is "
+                                  f"{entry['name']!r}; did you mean name: {recipe}?)")
 
 
 #: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; sat: speaker-adaptively trained)

@@ -8,7 +8,8 @@ to every training split (FSDD's digits: ``config/experiments/fsdd_tts.yaml``).
 
 eSpeak writes digital silence (exact zeros) around the word; the recipe trims it to a random
 margin and adds faint white noise (the background of real recordings, about −55 dBFS in FSDD)
-so that no frame is all zeros, and scales each utterance to a random peak level.
+so that no frame is all zeros, and scales each utterance to a random peak level (:mod:`.synth`,
+shared with the ``flite`` recipe).
 
 With ``accents`` > 0 every voice x variant also speaks as that many non-native speakers: the
 sentence's English phonemes (``espeak-ng -x``) are rewritten by a few of the phonological processes
@@ -26,14 +27,11 @@ and rejected in the data stage's report, never dropped silently.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import random
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +40,7 @@ import soundfile as sf
 
 from asrflow.config.schema import definition_defaults
 from asrflow.corpus.base import CorpusError, Listing, RawUtterance, round_robin_split
+from asrflow.corpus.synth import Levels, cache_folder, cut, draw_levels, level, synthesize_once
 
 PROGRAM = "espeak-ng"
 #: Bumped when what is written for the same settings changes (trimming, levels, noise): a new cache folder.
@@ -53,12 +52,6 @@ ENGLISH_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-
 VARIANTS = ("m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "klatt")
 #: Digital silence below this (of full scale) is trimmed.
 SILENCE = 1e-4
-#: Margins kept around the speech, seconds: before it, after it.
-LEAD_S = (0.0, 0.05)
-TAIL_S = (0.01, 0.1)
-#: Peak level (of full scale) and background-noise level (dBFS) drawn per utterance.
-PEAK = (0.3, 0.9)
-NOISE_DBFS = (-62.0, -45.0)
 _UNSAFE = re.compile(r"[^A-Za-z0-9]+")
 #: eSpeak NG's English phoneme mnemonics of more than one character (``espeak-ng -x``), longest first;
 #: every other character is a phoneme, a stress mark or a pause on its own.
@@ -114,11 +107,7 @@ class Take:
     text: str
     rate: int
     pitch: int
-    peak: float
-    noise_dbfs: float
-    lead_s: float
-    tail_s: float
-    noise_seed: int
+    levels: Levels
     accent: tuple[str, ...]
 
 
@@ -170,9 +159,7 @@ def plan(settings: Settings) -> list[Take]:
                 takes.append(Take(
                     utt_id=f"{speaker}-{number:04d}_{take}", speaker=speaker, voice=f"{voice}+{variant}",
                     text=text, rate=rng.randint(*settings.rate), pitch=rng.randint(*settings.pitch),
-                    peak=rng.uniform(*PEAK), noise_dbfs=rng.uniform(*NOISE_DBFS),
-                    lead_s=rng.uniform(*LEAD_S), tail_s=rng.uniform(*TAIL_S),
-                    noise_seed=settings.seed * 1_000_003 + len(takes), accent=rules))
+                    levels=draw_levels(rng, settings.seed * 1_000_003 + len(takes)), accent=rules))
     return takes
 
 
@@ -181,12 +168,7 @@ def finish(signal: np.ndarray, sample_rate: int, take: Take) -> np.ndarray:
     loud = np.flatnonzero(np.abs(signal) > SILENCE)
     if loud.size == 0:
         raise ValueError("eSpeak produced only silence")
-    start = max(0, loud[0] - int(take.lead_s * sample_rate))
-    end = min(signal.size, loud[-1] + 1 + int(take.tail_s * sample_rate))
-    speech = signal[start:end]
-    speech = speech * (take.peak / np.abs(speech).max())
-    noise = np.random.default_rng(take.noise_seed).normal(0.0, 10 ** (take.noise_dbfs / 20), speech.size)
-    return np.clip(speech + noise, -1.0, 1.0)
+    return level(cut(signal, sample_rate, int(loud[0]), int(loud[-1]) + 1, take.levels), take.levels)
 
 
 def phonemes(voice: str, text: str) -> str:
@@ -273,11 +255,8 @@ class Espeak:
     def from_config(cls, corpus: dict) -> "Espeak":
         version = espeak_version()
         settings = settings_from_config(corpus)
-        blob = json.dumps({"settings": asdict(settings), "espeak": version, "recipe": RECIPE_VERSION},
-                          sort_keys=True)
-        digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
-        base = Path(corpus["path"]).expanduser() if corpus["path"] else Path(corpus["download_dir"]) / "espeak"
-        return cls(base / digest, settings, version)
+        identity = {"settings": asdict(settings), "espeak": version, "recipe": RECIPE_VERSION}
+        return cls(cache_folder(corpus, "espeak", identity), settings, version)
 
     def list_utterances(self) -> Listing:
         """Synthesise the audio unless an earlier run left it complete, then list it."""
@@ -290,20 +269,9 @@ class Espeak:
                         for t in takes])
 
     def _synthesized(self, takes: list[Take]) -> dict[str, str]:
-        """Write every take's wav (in parallel; eSpeak runs as a subprocess) once; the problems by utterance."""
-        done = self.root / "done.json"
-        if done.is_file():
-            return json.loads(done.read_text())["problems"]
-        self.root.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor() as pool:
-            found = list(pool.map(lambda t: synthesize(t, self.root / f"{t.utt_id}.wav"), takes))
-        problems = {t.utt_id: p for t, p in zip(takes, found) if p is not None}
-        manifest = {"settings": asdict(self.settings), "espeak": self.version, "utterances": len(takes),
-                    "problems": problems}
-        partial = done.with_suffix(".tmp")
-        partial.write_text(json.dumps(manifest, indent=1))
-        partial.replace(done)
-        return problems
+        """Write every take's wav once; the problems by utterance."""
+        return synthesize_once(self.root, takes, synthesize, {"settings": asdict(self.settings),
+                                                              "espeak": self.version})
 
     def splits(self, valid: dict[str, str]) -> dict[str, list[str]]:
         return round_robin_split(list(valid))
