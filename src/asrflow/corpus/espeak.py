@@ -32,15 +32,15 @@ import random
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
 from asrflow.config.schema import definition_defaults
-from asrflow.corpus.base import CorpusError, Listing, RawUtterance, round_robin_split
-from asrflow.corpus.synth import Levels, cache_folder, cut, draw_levels, level, synthesize_once
+from asrflow.corpus.base import CorpusError
+from asrflow.corpus.synth import Levels, SyntheticSpeech, cut, draw_levels, level, sentences
 
 PROGRAM = "espeak-ng"
 #: Bumped when what is written for the same settings changes (trimming, levels, noise): a new cache folder.
@@ -221,14 +221,7 @@ def installed_variants() -> set[str]:
 def settings_from_config(corpus: dict) -> Settings:
     """:class:`Settings` from a resolved corpus section (its ``espeak`` block and ``transcripts`` file)."""
     block = corpus.get("espeak") or definition_defaults("espeak_speech")
-    sentences = list(block["sentences"])
-    if corpus["transcripts"]:
-        path = Path(corpus["transcripts"]).expanduser()
-        if not path.is_file():
-            raise CorpusError(f"corpus.transcripts {path} not found (the espeak recipe's sentences, one a line)")
-        sentences += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not sentences:
-        raise CorpusError("the espeak recipe has nothing to say: give espeak.sentences or corpus.transcripts")
+    said = sentences(corpus, block, "espeak")
     variants = tuple(block["variants"] or VARIANTS)
     unknown = sorted(set(variants) - installed_variants())
     if unknown:
@@ -238,40 +231,21 @@ def settings_from_config(corpus: dict) -> Settings:
         raise CorpusError(f"espeak.accents rewrites English phonemes; this corpus's language is "
                           f"{corpus['language']!r} (set accents: 0)")
     voices = block["voices"] or (ENGLISH_ACCENTS if corpus["language"] == "en" else (corpus["language"],))
-    return Settings(tuple(sentences), tuple(voices), variants, block["takes"],
+    return Settings(tuple(said), tuple(voices), variants, block["takes"],
                     tuple(block["rate"]), tuple(block["pitch"]), block["seed"], block["accents"])
 
 
-@dataclass
-class Espeak:
-    """Recipe for synthetic speech; ``root`` is the folder its audio is (or will be) written to."""
+class Espeak(SyntheticSpeech):
+    """Recipe for synthetic speech from eSpeak NG."""
 
-    root: Path
-    settings: Settings
-    version: str
-    name: str = "espeak"
+    name = "espeak"
+    recipe_version = RECIPE_VERSION
+    program_version = staticmethod(espeak_version)
+    read_settings = staticmethod(settings_from_config)
+    plan = staticmethod(plan)
+    speak = staticmethod(synthesize)
 
-    @classmethod
-    def from_config(cls, corpus: dict) -> "Espeak":
-        version = espeak_version()
-        settings = settings_from_config(corpus)
-        identity = {"settings": asdict(settings), "espeak": version, "recipe": RECIPE_VERSION}
-        return cls(cache_folder(corpus, "espeak", identity), settings, version)
-
-    def list_utterances(self) -> Listing:
-        """Synthesise the audio unless an earlier run left it complete, then list it."""
-        takes = plan(self.settings)
-        problems = self._synthesized(takes)
-        return Listing([RawUtterance(t.utt_id, t.speaker, str(self.root / f"{t.utt_id}.wav"), t.text,
-                                     problem=problems.get(t.utt_id),
-                                     source=f"{PROGRAM} -v {t.voice} -s {t.rate} -p {t.pitch}"
-                                            + (f" accent={'+'.join(t.accent)}" if t.accent else ""))
-                        for t in takes])
-
-    def _synthesized(self, takes: list[Take]) -> dict[str, str]:
-        """Write every take's wav once; the problems by utterance."""
-        return synthesize_once(self.root, takes, synthesize, {"settings": asdict(self.settings),
-                                                              "espeak": self.version})
-
-    def splits(self, valid: dict[str, str]) -> dict[str, list[str]]:
-        return round_robin_split(list(valid))
+    @staticmethod
+    def describe(take: Take) -> str:
+        return (f"{PROGRAM} -v {take.voice} -s {take.rate} -p {take.pitch}"
+                + (f" accent={'+'.join(take.accent)}" if take.accent else ""))

@@ -27,15 +27,15 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
 from asrflow.config.schema import definition_defaults
-from asrflow.corpus.base import CorpusError, Listing, RawUtterance, round_robin_split
-from asrflow.corpus.synth import Levels, cache_folder, cut, draw_levels, level, synthesize_once
+from asrflow.corpus.base import CorpusError
+from asrflow.corpus.synth import Levels, SyntheticSpeech, cut, draw_levels, level, sentences
 
 PROGRAM = "flite"
 #: Bumped when what is written for the same settings changes: a new cache folder.
@@ -171,50 +171,27 @@ def installed_voices() -> set[str]:
 def settings_from_config(corpus: dict) -> Settings:
     """:class:`Settings` from a resolved corpus section (its ``flite`` block and ``transcripts`` file)."""
     block = corpus.get("flite") or definition_defaults("flite_speech")
-    sentences = list(block["sentences"])
-    if corpus["transcripts"]:
-        path = Path(corpus["transcripts"]).expanduser()
-        if not path.is_file():
-            raise CorpusError(f"corpus.transcripts {path} not found (the flite recipe's sentences, one a line)")
-        sentences += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not sentences:
-        raise CorpusError("the flite recipe has nothing to say: give flite.sentences or corpus.transcripts")
+    said = sentences(corpus, block, "flite")
     if corpus["language"] != "en":
         raise CorpusError(f"the flite recipe speaks English only; this corpus's language is {corpus['language']!r}")
     voices = tuple(block["voices"] or VOICES)
     unknown = sorted(set(voices) - installed_voices())
     if unknown:
         raise CorpusError(f"flite.voices: {', '.join(unknown)} not among Flite's voices (flite -lv lists them)")
-    return Settings(tuple(sentences), voices, tuple(float(w) for w in block["warps"]), block["takes"],
+    return Settings(tuple(said), voices, tuple(float(w) for w in block["warps"]), block["takes"],
                     tuple(block["stretch"]), tuple(block["pitch"]), block["seed"])
 
 
-@dataclass
-class Flite:
-    """Recipe for synthetic speech from Flite's voices; ``root`` is the folder its audio is (or will be) written to."""
+class Flite(SyntheticSpeech):
+    """Recipe for synthetic speech from Flite's voices."""
 
-    root: Path
-    settings: Settings
-    version: str
-    name: str = "flite"
+    name = "flite"
+    recipe_version = RECIPE_VERSION
+    program_version = staticmethod(flite_version)
+    read_settings = staticmethod(settings_from_config)
+    plan = staticmethod(plan)
+    speak = staticmethod(synthesize)
 
-    @classmethod
-    def from_config(cls, corpus: dict) -> "Flite":
-        version = flite_version()
-        settings = settings_from_config(corpus)
-        identity = {"settings": asdict(settings), "flite": version, "recipe": RECIPE_VERSION}
-        return cls(cache_folder(corpus, "flite", identity), settings, version)
-
-    def list_utterances(self) -> Listing:
-        """Synthesise the audio unless an earlier run left it complete, then list it."""
-        takes = plan(self.settings)
-        problems = synthesize_once(self.root, takes, synthesize, {"settings": asdict(self.settings),
-                                                                  "flite": self.version})
-        return Listing([RawUtterance(t.utt_id, t.speaker, str(self.root / f"{t.utt_id}.wav"), t.text,
-                                     problem=problems.get(t.utt_id),
-                                     source=" ".join(command(t, Path(f"{t.utt_id}.wav"))[:-2])
-                                            + f" warp={t.warp:g}")
-                        for t in takes])
-
-    def splits(self, valid: dict[str, str]) -> dict[str, list[str]]:
-        return round_robin_split(list(valid))
+    @staticmethod
+    def describe(take: Take) -> str:
+        return " ".join(command(take, Path(f"{take.utt_id}.wav"))[:-2]) + f" warp={take.warp:g}"

@@ -13,11 +13,13 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from asrflow.corpus.base import CorpusError, Listing, RawUtterance, round_robin_split
 
 #: Margins kept around the speech, seconds: before it, after it.
 LEAD_S = (0.0, 0.05)
@@ -87,3 +89,73 @@ def cache_folder(corpus: dict, recipe: str, identity: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
     base = Path(corpus["path"]).expanduser() if corpus["path"] else Path(corpus["download_dir"]) / recipe
     return base / digest
+
+
+def sentences(corpus: dict, block: dict, recipe: str) -> list[str]:
+    """What a recipe is to say: its block's ``sentences``, then the lines of ``corpus.transcripts``."""
+    said = list(block["sentences"])
+    if corpus["transcripts"]:
+        path = Path(corpus["transcripts"]).expanduser()
+        if not path.is_file():
+            raise CorpusError(f"corpus.transcripts {path} not found (the {recipe} recipe's sentences, one a line)")
+        said += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not said:
+        raise CorpusError(f"the {recipe} recipe has nothing to say: give {recipe}.sentences or corpus.transcripts")
+    return said
+
+
+@dataclass
+class SyntheticSpeech:
+    """A text-to-speech recipe: ``root`` is the folder its audio is (or will be) written to, ``version`` the
+    synthesiser's. A recipe names itself and says how to read its settings, plan its takes, speak one and
+    describe one (:class:`asrflow.corpus.espeak.Espeak`, :class:`asrflow.corpus.flite.Flite`)."""
+
+    root: Path
+    settings: Any
+    version: str
+    name: ClassVar[str]
+    recipe_version: ClassVar[int]
+
+    @classmethod
+    def from_config(cls, corpus: dict) -> "SyntheticSpeech":
+        version = cls.program_version()
+        settings = cls.read_settings(corpus)
+        identity = {"settings": asdict(settings), cls.name: version, "recipe": cls.recipe_version}
+        return cls(cache_folder(corpus, cls.name, identity), settings, version)
+
+    def list_utterances(self) -> Listing:
+        """Synthesise the audio unless an earlier run left it complete, then list it."""
+        takes = self.plan(self.settings)
+        problems = synthesize_once(self.root, takes, self.speak, {"settings": asdict(self.settings),
+                                                                  self.name: self.version})
+        return Listing([RawUtterance(t.utt_id, t.speaker, str(self.root / f"{t.utt_id}.wav"), t.text,
+                                     problem=problems.get(t.utt_id), source=self.describe(t))
+                        for t in takes])
+
+    def splits(self, valid: dict[str, str]) -> dict[str, list[str]]:
+        return round_robin_split(list(valid))
+
+    @staticmethod
+    def program_version() -> str:
+        """The synthesiser's version; a :class:`CorpusError` naming its package when it is missing."""
+        raise NotImplementedError
+
+    @staticmethod
+    def read_settings(corpus: dict) -> Any:
+        """The recipe's settings from a resolved corpus section."""
+        raise NotImplementedError
+
+    @staticmethod
+    def plan(settings: Any) -> list[Any]:
+        """Every take (``utt_id``, ``speaker``, ``text``, ...), every draw made."""
+        raise NotImplementedError
+
+    @staticmethod
+    def speak(take: Any, path: Path) -> str | None:
+        """Write one take's wav to ``path``; a problem, or ``None``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def describe(take: Any) -> str:
+        """How the take was made (the listing's ``source``)."""
+        raise NotImplementedError
