@@ -187,7 +187,7 @@ def test_speaker_cmvn_changes_no_fingerprint_and_utterance_cmvn_retrains(tmp_pat
 
 
 @pytest.mark.parametrize(("key", "default", "on"), [
-    ("edge_fragments", {"probability": 0.0, "max_frames": 30, "label": "edge"}, {"probability": 1.0, "max_frames": 60}),
+    ("edge_fragments", {"probability": 0.0, "max_frames": 30}, {"probability": 1.0, "max_frames": 60}),
     ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3}, {"weight": 1.0}),
 ])
 def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str, default: dict, on: dict) -> None:
@@ -214,20 +214,6 @@ def test_mmi_keys_added_later_change_no_fingerprint_at_their_defaults(tmp_path) 
     assert fingerprint({"weight": 4.0, "denominator": "graph", "phone_lm_order": 3}) == before
     phone_lm = fingerprint({"weight": 4.0, "denominator": "phone_lm"})
     assert len({before, phone_lm, fingerprint({"weight": 4.0, "denominator": "phone_lm", "phone_lm_order": 2})}) == 3
-
-
-def test_edge_fragment_label_added_later_changes_no_fingerprint_at_its_default(tmp_path) -> None:
-    """A network trained with edge fragments before edge_fragments.label existed keeps its fingerprint."""
-    def fingerprint(fragments: dict, drop_label: bool = False) -> str:
-        config = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"edge_fragments": fragments}}}})
-        if drop_label:  # as the config was before the key existed
-            for section in (config["nnet"]["train"], config["nnet"]["models"]["dnn"]["train"]):
-                section["edge_fragments"].pop("label", None)
-        return stage_fingerprint(config, "nnet", system="dnn")
-
-    before = fingerprint({"probability": 1.0, "max_frames": 60}, drop_label=True)
-    assert fingerprint({"probability": 1.0, "max_frames": 60, "label": "edge"}) == before
-    assert fingerprint({"probability": 1.0, "max_frames": 60, "label": "rare_silence"}) != before
 
 
 def test_a_ctc_model_with_edge_fragments_reads_the_alignments(tmp_path) -> None:

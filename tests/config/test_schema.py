@@ -25,7 +25,7 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
         "models": {"d": {"type": "dnn", "train": {"lr": 0.01, "edge_fragments": {"probability": 0.5},
                                                    "specaugment": {"freq_masks": 2}}}}}})
     train = model_train(config, "d")
-    assert train["lr"] == 0.01 and train["edge_fragments"] == {"probability": 0.5, "max_frames": 30, "label": "edge"}
+    assert train["lr"] == 0.01 and train["edge_fragments"] == {"probability": 0.5, "max_frames": 30}
     assert train["specaugment"]["freq_masks"] == 2 and train["specaugment"]["freq_width"] == 4
     assert train["specaugment"]["time_width"] == 20
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import pytest
-
-from asrflow.nnet import NnetError
-from asrflow.nnet.fragments import MIN_FRAMES, EdgeFragments, rarest_silence_pdf, speech_frames, word_spans
+from asrflow.nnet.fragments import MIN_FRAMES, EdgeFragments, speech_frames, word_spans
 
 SIL = 0  # the silence pdf of these alignments
 
@@ -81,26 +78,6 @@ def test_fragments_are_reproducible_and_skip_edges_inside_words() -> None:
     assert torch.equal(feats[:9], data[2][1][:9]) and len(feats) > 15  # only its end was extended
     off = EdgeFragments([(u, s) for u, _, s, _ in data.items], speech_frames(phones, {"SIL"}), 0.0, 30)
     assert torch.equal(off.apply(data, data[1], np.random.default_rng(0))[1], data[1][1])
-
-
-def test_rare_silence_labels_the_fragments_with_the_least_used_silence_pdf() -> None:
-    phones = alignments()
-    speech = speech_frames(phones, {"SIL"})
-    labels = {"a": np.array([0, 0, 3, 3] + [7] * 10 + [0, 5, 5] + [8] * 8 + [0, 0, 3, 3]),
-              "b": np.array([0] * 5 + [8] * 12 + [0] * 4 + [3]),
-              "c": np.array([7] * 9 + [9] * 6),  # 9: a silence pdf only here
-              "d": np.array([0, 1])}  # no alignment: not counted
-    assert rarest_silence_pdf(labels, speech) == 5  # 0: 13 frames, 3: 5, 5: 2, 9: 6; 7 and 8 are words
-    assert rarest_silence_pdf({**labels, "c": np.array([7] * 9 + [5] * 6)}, speech) == 3
-    with pytest.raises(NnetError, match="no silence frame"):
-        rarest_silence_pdf({"a": labels["a"]}, {"a": np.ones(29, dtype=bool)})
-    data = Utterances(phones, {"a": "s1", "b": "s1", "c": "s1"})
-    fragments = EdgeFragments([(u, s) for u, _, s, _ in data.items], speech, 1.0, 8, label=5)
-    utt, feats, target = data[1]
-    _, out_feats, out_target = fragments.apply(data, (utt, feats, target), np.random.default_rng(0))
-    before = int((out_feats[:, 0] == feats[0, 0]).nonzero()[0])
-    assert before >= MIN_FRAMES and (out_target[:before] == 5).all() and (out_target[before + len(feats):] == 5).all()
-    assert torch.equal(out_target[before:before + len(feats)], target)
 
 
 def test_training_batches_carry_the_fragments_reproducibly() -> None:

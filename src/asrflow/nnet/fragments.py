@@ -10,16 +10,8 @@ shows the network such pieces as what the transcripts make them, silence: with p
 word (cut at the end of a word of a training utterance of the same speaker, from the
 GMM alignment) are put before the utterance, and independently, the first frames of a word
 after it. For a hybrid the added frames take the utterance's own first (last) frame label,
-a state of the silence phone (``label: edge``), or the silence pdf the training alignments use
-least (``label: rare_silence``, :func:`rarest_silence_pdf`); a CTC model's label sequence stays
-as it is (the fragment is blank). Only utterances whose alignment begins (ends) in silence are
-extended on that side.
-
-Why the rare pdf: the decoder scores a frame by log posterior minus log prior. The edge frame's
-pdf is the silence state that opens every utterance, the commonest pdf (23 % of yesno's frames),
-so a posterior the fragment training raises to 0.3 still scores below a word state's 0.6 over a
-prior of 0.08. A silence pdf with a prior of 0.5 % turns the same posterior into a large score,
-while the graph, the lexicon and the real silences stay as they are.
+a state of the silence phone; a CTC model's label sequence stays as it is (the fragment is
+blank). Only utterances whose alignment begins (ends) in silence are extended on that side.
 """
 
 from __future__ import annotations
@@ -58,21 +50,6 @@ def alignment_speech(ali_dir: str | Path | None, lang_dir: str | Path | None, so
     return speech_frames({utt: seq.split() for utt, seq in read_table(ali).items()}, silence)
 
 
-def rarest_silence_pdf(labels: dict[str, np.ndarray], speech: dict[str, np.ndarray]) -> int:
-    """The pdf that the alignments' silence frames (``speech`` False; utterances in both, of equal length) use
-    least, among those they use at all (an unused pdf has no prior and may not be reachable)."""
-    counts: dict[int, int] = defaultdict(int)
-    for utt, mask in speech.items():
-        target = labels.get(utt)
-        if target is None or len(target) != len(mask):
-            continue
-        for pdf, n in zip(*np.unique(np.asarray(target)[~mask], return_counts=True)):
-            counts[int(pdf)] += int(n)
-    if not counts:
-        raise NnetError("edge_fragments.label rare_silence: the alignments hold no silence frame")
-    return min(counts, key=lambda pdf: (counts[pdf], pdf))
-
-
 def word_spans(speech: np.ndarray) -> list[tuple[int, int]]:
     """``(start, end)`` frame ranges of the runs of speech frames (a word, or words without a pause)."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], speech.astype(np.int8), [0]])))
@@ -84,14 +61,13 @@ class EdgeFragments:
 
     ``utterances`` are ``(utterance, speaker)`` per dataset index, ``speech`` the per-frame
     word masks of :func:`speech_frames`. Donors are the utterances of the same speaker (all
-    utterances when a speaker has one). ``label``: the frame target of every added frame; None,
-    the utterance's own edge frame's.
+    utterances when a speaker has one).
     """
 
     def __init__(self, utterances: list[tuple[str, str]], speech: dict[str, np.ndarray], probability: float,
-                 max_frames: int, frame_targets: bool = True, label: int | None = None) -> None:
+                 max_frames: int, frame_targets: bool = True) -> None:
         self.probability, self.max_frames = probability, max(max_frames, MIN_FRAMES)
-        self.frame_targets, self.label = frame_targets, label
+        self.frame_targets = frame_targets
         self.speech = speech
         self.spans = {utt: word_spans(speech[utt]) for utt, _ in utterances if utt in speech}
         by_speaker: dict[str, list[int]] = defaultdict(list)
@@ -128,19 +104,17 @@ class EdgeFragments:
               ) -> tuple[str, torch.Tensor, torch.Tensor]:
         """``item`` (utterance, features, targets) with fragments added at either edge, or as it was.
 
-        Frame targets get the edge frame's label (or ``label``) for each added frame; a label sequence
-        (CTC) is kept.
+        Frame targets get the edge frame's label for each added frame; a label sequence (CTC) is kept.
         """
         utt, feats, target = item
         head, tail = self.pieces(dataset, utt, rng)
         if head is None and tail is None:
             return item
         parts, labels = [feats], [target]
-        fixed = None if self.label is None else torch.tensor([self.label], dtype=target.dtype)
         if head is not None:
             parts.insert(0, head)
-            labels.insert(0, (target[:1] if fixed is None else fixed).expand(len(head)))
+            labels.insert(0, target[:1].expand(len(head)))
         if tail is not None:
             parts.append(tail)
-            labels.append((target[-1:] if fixed is None else fixed).expand(len(tail)))
+            labels.append(target[-1:].expand(len(tail)))
         return utt, torch.cat(parts), torch.cat(labels) if self.frame_targets else target

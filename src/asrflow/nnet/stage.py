@@ -32,7 +32,7 @@ from asrflow.data.datadir import own_texts, read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
-from asrflow.nnet.fragments import EdgeFragments, alignment_speech, rarest_silence_pdf
+from asrflow.nnet.fragments import EdgeFragments, alignment_speech
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.sizes import network_config
@@ -177,14 +177,10 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
 def edge_fragments(train_set: FeatureDataset, ali_dir: str | Path | None, lang_dir: str | Path | None,
                    settings: dict[str, Any], frame_targets: bool = True, source: str = "--gmm") -> EdgeFragments:
     """The edge-fragment augmentation of ``train_set`` (``nnet.train.edge_fragments``), its word spans from the
-    frame phones of the alignments in ``ali_dir`` (the option ``source``) and the silence phones of ``lang_dir``;
-    with ``label: rare_silence`` the fragments' frame target is the silence pdf of ``train_set``'s targets used least."""
+    frame phones of the alignments in ``ali_dir`` (the option ``source``) and the silence phones of ``lang_dir``."""
     utterances = [(utt, spk) for utt, _, spk, _ in train_set.items]
-    speech = alignment_speech(ali_dir, lang_dir, source)
-    label = None
-    if frame_targets and settings.get("label", "edge") == "rare_silence":
-        label = rarest_silence_pdf(train_set.targets or {}, speech)
-    return EdgeFragments(utterances, speech, settings["probability"], settings["max_frames"], frame_targets, label)
+    return EdgeFragments(utterances, alignment_speech(ali_dir, lang_dir, source), settings["probability"],
+                         settings["max_frames"], frame_targets)
 
 
 def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,
