@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -105,7 +106,7 @@ def sentences(corpus: dict, block: dict, recipe: str) -> list[str]:
 
 
 @dataclass
-class SyntheticSpeech:
+class SyntheticSpeech(ABC):
     """A text-to-speech recipe: ``root`` is the folder its audio is (or will be) written to, ``version`` the
     synthesiser's. A recipe names itself and says how to read its settings, plan its takes, speak one and
     describe one (:class:`asrflow.corpus.espeak.Espeak`, :class:`asrflow.corpus.flite.Flite`)."""
@@ -136,26 +137,26 @@ class SyntheticSpeech:
         return round_robin_split(list(valid))
 
     @staticmethod
+    @abstractmethod
     def program_version() -> str:
         """The synthesiser's version; a :class:`CorpusError` naming its package when it is missing."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def read_settings(corpus: dict) -> Any:
         """The recipe's settings from a resolved corpus section."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def plan(settings: Any) -> list[Any]:
         """Every take (``utt_id``, ``speaker``, ``text``, ...), every draw made."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def speak(take: Any, path: Path) -> str | None:
         """Write one take's wav to ``path``; a problem, or ``None``."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def describe(take: Any) -> str:
         """How the take was made (the listing's ``source``)."""
-        raise NotImplementedError
