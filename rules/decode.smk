@@ -1,4 +1,5 @@
-# Decoding graphs (HCLG per GMM system, TLG per training split for CTC over phones) and
+# Decoding graphs (HCLG per GMM system, with the edge filler for hybrids trained on it, TLG per
+# training split for CTC over phones) and
 # decoding of the test splits on Dask: GMM-HMMs and hybrid networks through HCLG, CTC
 # networks over phones through TLG, other CTC networks by prefix beam search.
 # Decoder settings (acoustic scale, insertion penalty; LM weight and word bonus for CTC) are
@@ -24,6 +25,28 @@ rule graph:
         "../envs/cpu.yaml"
     shell:
         "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
+
+
+rule graph_filler:
+    input:
+        lang=f"{RESULTS}/lang/{{train}}",
+        model=f"{RESULTS}/gmm/{{train}}/{{system}}",
+    output:
+        directory(f"{RESULTS}/graph/{{train}}/{{system}}_filler"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system=system_pattern(GMM_SYSTEMS),
+    params:
+        cost=config["nnet"]["decode"]["edge_filler_cost"],
+    priority: 10
+    log:
+        f"{RESULTS}/logs/graph.{{train}}.{{system}}_filler.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/graph.{{train}}.{{system}}_filler.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow graph --lang {input.lang} --model {input.model} --edge-filler {params.cost} --out {output} > {log} 2>&1"
 
 
 rule graph_ctc:

@@ -244,7 +244,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
     if bool(args.ctc) == bool(args.model):
         raise SystemExit("asrflow graph: give either --model (HCLG for a GMM) or --ctc (TLG for phone CTC networks)")
-    make_graph(args.lang, None if args.ctc else args.model, args.out, log=_log)
+    if args.edge_filler is not None and args.ctc:
+        raise SystemExit("asrflow graph: --edge-filler is for a GMM's HCLG (--model), not TLG")
+    make_graph(args.lang, None if args.ctc else args.model, args.out, log=_log, edge_filler=args.edge_filler)
     return 0
 
 
@@ -482,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lang", required=True)
     p.add_argument("--model", help="GMM system folder: build its HCLG")
     p.add_argument("--ctc", action="store_true", help="build TLG for CTC networks over the lang's phones")
+    p.add_argument("--edge-filler", type=float, default=None, metavar="COST",
+                   help="let the lang's OOV word (its filler phone) cover a piece of a word before and after the "
+                        "sentence at this cost, writing nothing (hybrids trained with edge_fragments.label filler)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_graph)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.config import (ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS, SAT_SOURCES, ConfigError, model_alignments,
-                            model_features, model_train, resolve_config, section_fingerprint, write_resolved)
+                            model_edge_filler, model_features, model_train, resolve_config, section_fingerprint, write_resolved)
 from asrflow.config.schema import reapply_replaced
 from asrflow.data.perturb import perturbed_split
 
@@ -197,8 +197,8 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
         inputs["gmm"] = f"{root}/gmm/{train}/{ali}"
         if trained and model_train(config, system)["speed_perturb"]:
             inputs["alignments"] = f"{root}/align/{train}/{ali}"
-    if model["objective"] == "hybrid":
-        inputs["graph"] = f"{root}/graph/{train}/{ali}"
+    if model["objective"] == "hybrid":  # trained with the edge filler: the graph that admits it
+        inputs["graph"] = f"{root}/graph/{train}/{ali}" + ("_filler" if model_edge_filler(config, system) is not None else "")
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
     if "init" in model:
@@ -350,13 +350,15 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                                        "edge_fragments": {"probability": 0.0, "max_frames": 30},
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
+                                             "nnet.decode": {"edge_filler_cost": 0.0},
                                              "corpus": {"extra_training": []},
                                              "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker"}}
 
 
 # Keys added to a nested section after networks were trained with it on: left out of its
 # fingerprint while at their defaults, so that adding them reruns nothing.
-NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3}}
+NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3},
+                                              "edge_fragments": {"label": "edge"}}
 
 
 def _without_new_defaults(key: str, value: Any) -> Any:

@@ -187,7 +187,7 @@ def test_speaker_cmvn_changes_no_fingerprint_and_utterance_cmvn_retrains(tmp_pat
 
 
 @pytest.mark.parametrize(("key", "default", "on"), [
-    ("edge_fragments", {"probability": 0.0, "max_frames": 30}, {"probability": 1.0, "max_frames": 60}),
+    ("edge_fragments", {"probability": 0.0, "max_frames": 30, "label": "edge"}, {"probability": 1.0, "max_frames": 60}),
     ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3}, {"weight": 1.0}),
 ])
 def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str, default: dict, on: dict) -> None:
@@ -214,6 +214,43 @@ def test_mmi_keys_added_later_change_no_fingerprint_at_their_defaults(tmp_path) 
     assert fingerprint({"weight": 4.0, "denominator": "graph", "phone_lm_order": 3}) == before
     phone_lm = fingerprint({"weight": 4.0, "denominator": "phone_lm"})
     assert len({before, phone_lm, fingerprint({"weight": 4.0, "denominator": "phone_lm", "phone_lm_order": 2})}) == 3
+
+
+def test_the_edge_filler_keys_change_no_fingerprint_at_their_defaults(tmp_path) -> None:
+    """Networks trained or decoded before edge_fragments.label and nnet.decode.edge_filler_cost existed keep their
+    fingerprints; the filler label retrains, and another filler cost decodes again."""
+    def config(label: str | None, cost: float | None) -> dict:
+        fragments = {"probability": 1.0, **({"label": label} if label else {})}
+        made = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"edge_fragments": fragments}}},
+                                           **({"decode": {"edge_filler_cost": cost}} if cost is not None else {})})
+        if label is None:  # as the config was before the keys existed
+            del made["nnet"]["train"]["edge_fragments"]["label"]
+            made["nnet"]["models"]["dnn"]["train"]["edge_fragments"].pop("label", None)
+        if cost is None:
+            del made["nnet"]["decode"]["edge_filler_cost"]
+        return made
+
+    before, edge, filler, dear = config(None, None), config("edge", 0.0), config("filler", 0.0), config("filler", 2.0)
+    nnet = [stage_fingerprint(c, "nnet", system="dnn") for c in (before, edge, filler, dear)]
+    assert nnet[0] == nnet[1] != nnet[2] == nnet[3]
+    tune = [stage_fingerprint(c, "tune", system="dnn") for c in (before, edge, filler, dear)]
+    assert tune[0] == tune[1] == tune[2] != tune[3]
+
+
+def test_a_network_trained_on_the_filler_uses_the_graph_with_it(tmp_path) -> None:
+    """A hybrid with edge_fragments.label filler (and an ensemble of such) trains, tunes and decodes with the
+    GMM's graph that admits the edge filler; the others with the plain one."""
+    from asrflow.workflow import nnet_decode_inputs, nnet_inputs, results_dir
+
+    filler = {"edge_fragments": {"probability": 1.0, "label": "filler"}}
+    models = {"d": {"type": "dnn"}, "f": {"type": "dnn", "train": filler}, "g": {"type": "dnn", "train": filler},
+              "e": {"type": "ensemble", "members": ["f", "g"]}, "a": {"type": "adapted", "source": "f"}}
+    config = make_config(tmp_path, nnet={"models": models}, evaluation={"systems": list(models)})
+    root = results_dir(config)
+    assert nnet_inputs(config, "train", "d")["graph"] == f"{root}/graph/train/tri"
+    assert nnet_inputs(config, "train", "f")["graph"] == f"{root}/graph/train/tri_filler"
+    assert nnet_inputs(config, "train", "e")["graph"] == f"{root}/graph/train/tri_filler"
+    assert nnet_decode_inputs(config, "test", "a")["graph"] == f"{root}/graph/train/tri_filler"
 
 
 def test_a_ctc_model_with_edge_fragments_reads_the_alignments(tmp_path) -> None:

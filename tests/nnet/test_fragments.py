@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
-from asrflow.nnet.fragments import MIN_FRAMES, EdgeFragments, speech_frames, word_spans
+from asrflow.nnet import NnetError
+from asrflow.nnet.fragments import (MIN_FRAMES, EdgeFragments, filler_phone, own_pdf, speech_frames,
+                                   word_spans)
 
 SIL = 0  # the silence pdf of these alignments
 
@@ -108,3 +113,50 @@ def test_a_label_sequence_is_kept_when_fragments_are_added() -> None:
     labels = torch.tensor([4, 2])
     out = fragments.apply(data, (utt, feats, labels), np.random.default_rng(0))
     assert len(out[1]) > len(feats) and torch.equal(out[2], labels)
+
+
+def test_filler_label_marks_every_fragment_frame() -> None:
+    """label: the fragment frames get the filler pdf, the utterance's own frames keep theirs."""
+    phones = alignments()
+    data = Utterances(phones, {"a": "s1", "b": "s1", "c": "s1"})
+    fragments = EdgeFragments([(u, s) for u, _, s, _ in data.items], speech_frames(phones, {"SIL"}), 1.0, 8,
+                              label=3)
+    utt, feats, target = data[1]
+    _, out_feats, out_target = fragments.apply(data, (utt, feats, target), np.random.default_rng(0))
+    before = int((out_feats[:, 0] == feats[0, 0]).nonzero()[0])
+    after = len(out_feats) - before - len(feats)
+    assert before >= MIN_FRAMES and after >= MIN_FRAMES
+    assert (out_target[:before] == 3).all() and (out_target[-after:] == 3).all()
+    assert torch.equal(out_target[before:before + len(feats)], target)
+
+
+def test_expected_fragment_frames_match_the_draws() -> None:
+    """The priors' count of fragment frames (per class, one epoch) is what the augmentation adds on average."""
+    phones = alignments()
+    data = Utterances(phones, {"a": "s1", "b": "s1", "c": "s1"})
+    speech = speech_frames(phones, {"SIL"})
+    targets = {u: data[i][2].numpy() for i, (u, *_) in enumerate(data.items)}
+    for label, probability in ((None, 1.0), (3, 0.5)):
+        fragments = EdgeFragments([(u, s) for u, _, s, _ in data.items], speech, probability, 12, label=label)
+        expected = fragments.expected_frames(targets, 10)
+        assert expected.nonzero()[0].tolist() == [SIL if label is None else label]  # word classes get nothing
+        rng, added = np.random.default_rng(0), 0
+        for _ in range(2000):
+            for i in range(len(data.items)):
+                added += len(fragments.apply(data, data[i], rng)[2]) - len(data[i][2])
+        assert abs(added / 2000 - expected.sum()) < 0.03 * expected.sum(), (added / 2000, expected.sum())
+
+
+def test_the_filler_is_the_oov_words_phone_with_a_pdf_of_its_own(tmp_path: Path) -> None:
+    (tmp_path / "oov.txt").write_text("<unk>\n")
+    (tmp_path / "lexicon.txt").write_text("<SIL> SIL\n<unk> SPN\nyes y e s\n")
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nSPN 2\ny 3\ne 4\ns 5\n")
+    assert filler_phone(tmp_path) == ("SPN", 2)
+    assert own_pdf({1: {0, 1}, 2: {6}, 3: {7, 8}}, 2) == 6
+    with pytest.raises(NnetError, match="shared with other phones: \\[6\\]"):
+        own_pdf({1: {0, 6}, 2: {6}}, 2)
+    with pytest.raises(NnetError, match="has pdfs \\[5, 6\\]"):
+        own_pdf({1: {0}, 2: {5, 6}}, 2)
+    (tmp_path / "lexicon.txt").write_text("<SIL> SIL\n<unk> S P N\n")
+    with pytest.raises(NnetError, match="must have one pronunciation of one phone"):
+        filler_phone(tmp_path)

@@ -50,11 +50,15 @@ def test_the_objective_names_the_training_data_and_augmentation() -> None:
         _run("nnet-f-train", 6, {}, {"nnet.models.f.type": "dnn", "nnet.effective.init": "d",
                                      "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
         _run("nnet-g-train", 7, {}, {"nnet.models.g.type": "dnn", "nnet.effective.init": "none"}),
+        _run("nnet-h-train", 8, {}, {"nnet.models.h.type": "dnn", "nnet.effective.edge_fragments":
+                                     "{'probability': 1.0, 'max_frames': 60, 'label': 'filler'}"}),
     ]
-    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e", "f", "g"], ["test"]), ["test"])
+    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e", "f", "g", "h"], ["test"]),
+                         ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
     assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid", "hybrid, MMI (w=4)",
-                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid"]
+                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid",
+                         "hybrid, edge fragments (p=1, filler)"]
 
 
 def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> None:

@@ -13,7 +13,7 @@ from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
 NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "dnn_ft", "lstm", "cnn", "ctc",
             "ctc_phone")  # trained (dnn_sp on speed-perturbed copies, dnn_fmllr on speaker-adapted features, dnn_frag
-# with edge fragments, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM, dnn_ft fine-tuned
+# on them with edge fragments labelled as the filler, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM, dnn_ft fine-tuned
 # from the dnn with MMI)
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 ADAPTED = "dnn_sa"  # the dnn adapted to the test speaker when decoding (no training or tuning of its own)
@@ -175,7 +175,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         errors[system] = summary["errors"]
         assert summary["n_ref_words"] == 232 and 0 < summary["rtf"] < 0.05, (system, summary)
         manifest = json.loads((res / "nnet" / "train" / system / "manifest.json").read_text())
-        learners = 2 if system in ("dnn", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "dnn_ft") else 1  # yesno.yaml: ring learners
+        learners = 2 if system in ("dnn", "dnn_mmi", "dnn_mmi_phone", "dnn_ft") else 1  # yesno.yaml: ring learners
         assert manifest["world_size"] == learners and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
         assert saved["objective"] == ("ctc" if system.startswith("ctc") else "hybrid")
@@ -204,7 +204,13 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     # dnn_frag; the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
     assert all(e <= 4 for e in errors.values()), errors
     assert min(errors.values()) <= 1, errors
-    # the dnn shown word fragments at its training utterances' edges reads the one at that file's start as silence
+    # the dnn shown word fragments at its training utterances' edges, labelled as the filler, covers the one at that
+    # file's start with the filler, which its graph admits at the edges and which writes nothing
+    filler = json.loads((res / "graph" / "train" / "tri_filler" / "manifest.json").read_text())
+    assert filler["edge_filler_cost"] == 0.0 and filler["states"] > 0
+    assert json.loads((res / "decode" / "dnn_frag" / "test" / "manifest.json").read_text())["graph"].endswith(
+        "graph/train/tri_filler")
+    assert "HCLG with the edge filler (cost 0)" in (res / "logs" / "tune.train.dnn_frag.log").read_text()
     hyp_txt = res / "decode" / "dnn_frag" / "test" / "hyp.txt"
     hyps = dict(line.split(" ", 1) for line in hyp_txt.read_text().splitlines())
     assert hyps["1_1_1_1_0_1_0_0"] == "yes yes yes yes no yes no no", hyps["1_1_1_1_0_1_0_0"]
@@ -219,7 +225,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         assert f"| {system} |" in table
     assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
-    assert "| dnn_frag | dnn | hybrid, edge fragments (p=1) |" in table
+    assert "| dnn_frag | dnn | hybrid, speed-perturbed data, edge fragments (p=1, filler) |" in table
     assert "| dnn_mmi | dnn | hybrid, MMI (w=1) |" in table
     assert "MMI denominator (graph)" in (res / "logs" / "nnet.train.dnn_mmi.log").read_text()  # the tri HCLG
     assert "| dnn_mmi_phone | dnn | hybrid, MMI (w=1, phone LM 3) |" in table

@@ -213,6 +213,7 @@ def _check_systems(config: dict[str, Any]) -> None:
         _check_adapted(name, model, models)
         _check_speed_perturb(config, name)
         _check_mmi(config, name)
+        _check_edge_filler(config, name)
         _check_init(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
@@ -338,6 +339,39 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
     if model_train(config, name)["chunk_frames"]:
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
+
+
+def _trains_filler(config: Mapping[str, Any], name: str) -> bool:
+    """Whether trained network ``name`` labels edge fragments with the filler (``edge_fragments.label: filler``)."""
+    fragments = model_train(config, name)["edge_fragments"]
+    return fragments["probability"] > 0 and fragments.get("label", "edge") == "filler"
+
+
+def model_edge_filler(config: Mapping[str, Any], system: str) -> float | None:
+    """The cost of the edge filler in network ``system``'s decoding graph (``nnet.decode.edge_filler_cost``)
+    when it is a hybrid trained with ``edge_fragments.label: filler`` (an ensemble: its members; an
+    adapted network: its source), else None (the graph without the filler)."""
+    if (other := _reads_as(config, system)) is not None:
+        return model_edge_filler(config, other)
+    if config["nnet"]["models"][system].get("objective", "hybrid") != "hybrid" or not _trains_filler(config, system):
+        return None
+    return config["nnet"]["decode"]["edge_filler_cost"]
+
+
+def _check_edge_filler(config: Mapping[str, Any], name: str) -> None:
+    """The filler label is a hybrid's, and an ensemble's members decode through one graph (all with the filler
+    or none)."""
+    model = config["nnet"]["models"][name]
+    if model["type"] == "ensemble":
+        members = [m for m in model.get("members", []) if m in config["nnet"]["models"]]
+        used = {m: _trains_filler(config, m) for m in members}
+        if len(set(used.values())) > 1:
+            raise ConfigError(f"config key 'nnet.models.{name}.members': some members train with edge_fragments."
+                              f"label filler and some not ({', '.join(f'{m}: {v}' for m, v in used.items())}); "
+                              f"an ensemble decodes through one graph")
+    elif model["type"] != "adapted" and _trains_filler(config, name) and model.get("objective", "hybrid") != "hybrid":
+        raise ConfigError(f"config key 'nnet.models.{name}.train.edge_fragments.label': filler labels a hybrid's "
+                          f"frames; {name} is a {model['objective']} network (its fragments are blank)")
 
 
 def _check_init(config: Mapping[str, Any], name: str) -> None:

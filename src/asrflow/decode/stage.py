@@ -15,12 +15,16 @@ from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_set
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.kaldi import kfst
-from asrflow.lang.graph import make_hclg, make_tlg
+from asrflow.lang.graph import add_edge_filler, make_hclg, make_tlg, read_symbols
 
 
-def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path, log=print) -> dict[str, Any]:
+def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path, log=print,
+               edge_filler: float | None = None) -> dict[str, Any]:
     """Write ``HCLG.fst`` for the GMM in ``model_dir``, or ``TLG.fst`` (``model_dir`` None) for CTC
-    networks over the lang's non-silence phones; ``words.txt`` beside it."""
+    networks over the lang's non-silence phones; ``words.txt`` beside it. With ``edge_filler`` (a cost) the
+    HCLG's grammar admits the lang's OOV word, unwritten, before and after the sentence
+    (:func:`asrflow.lang.graph.add_edge_filler`): the graph of hybrids trained with ``edge_fragments.label:
+    filler``."""
     lang_dir, out = Path(lang_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -35,12 +39,18 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
         graph = make_tlg(lexicon, grammar, ints("nonsilence.int"), ints("disambig.int"), ints("silence.int"))
     else:
         name, model = "HCLG", GmmModel.load(model_dir)
+        if edge_filler is not None:
+            oov = (lang_dir / "oov.txt").read_text().split()[0]
+            grammar = add_edge_filler(grammar, read_symbols(lang_dir / "words.txt")[oov], edge_filler)
         graph = make_hclg(lexicon, grammar, model.tree, model.tm, ints("disambig.int"))
     graph.write(str(out / f"{name}.fst"))
     (out / "words.txt").write_text((lang_dir / "words.txt").read_text())
     info = {"states": graph.num_states, "seconds": round(time.perf_counter() - start, 3)}
+    if edge_filler is not None:
+        info["edge_filler_cost"] = edge_filler
     (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
-    log(f"{name}: {info['states']} states in {info['seconds']} s")
+    filler = f" with the edge filler (cost {edge_filler:g})" if edge_filler is not None else ""
+    log(f"{name}{filler}: {info['states']} states in {info['seconds']} s")
     return info
 
 
@@ -176,4 +186,5 @@ def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, 
     (opts,), per_shard = decode_network(config, system, net_dir, lang_dir, shards, client, [tuned or {}],
                                         gmm_dir, graph_dir, desc=f"decode-{system}-{test}")
     return write_decode(out, test, [r[0] for r in per_shard], time.perf_counter() - start,
-                        {"system": system, **decoder_settings(opts), "tuned": bool(tuned)}, log)
+                        {"system": system, **decoder_settings(opts), "tuned": bool(tuned),
+                         **({"graph": str(graph_dir)} if graph_dir is not None else {})}, log)

@@ -97,7 +97,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     errors and WER, and the whole grid. The held-out utterances are decoded with an LM estimated
     without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
-    from asrflow.config import model_cmvn
+    from asrflow.config import model_cmvn, model_edge_filler
     from asrflow.decode.stage import decode_network, decoder_kind, make_graph
     from asrflow.nnet import NnetError
 
@@ -109,9 +109,11 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
 
     graph = graph_dir if kind == "prefix" else out / "graph"
 
+    filler = model_edge_filler(config, system) if kind == "hclg" else None
+
     def build_graph(lang: Path) -> None:
         if kind != "prefix":
-            make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log)
+            make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log, edge_filler=filler)
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
         return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc)[1]

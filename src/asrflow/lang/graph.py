@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asrflow.kaldi import kaldilm, kfst, khg, map_input_labels
+from asrflow.kaldi import kaldilm, kfst, khg, map_arcs, map_input_labels
 
 
 def read_symbols(path: str | Path) -> dict[str, int]:
@@ -42,6 +42,41 @@ def compile_grammar(arpa: str | Path, words_txt: str | Path):
     grammar = kfst.compile(text)
     kfst.arcsort(grammar, sort_type="ilabel")
     return grammar
+
+
+def add_edge_filler(grammar, word: int, cost: float):
+    """A copy of ``grammar`` that lets one ``word`` (read, not output: its output label is ε) come before the
+    sentence and one after it, each at ``cost`` on top of the LM's.
+
+    With ``word`` the lang's OOV word, whose pronunciation is the filler phone (SPN), the
+    decoder can cover a piece of a word at an utterance's edge (a file cut out of a longer
+    recording) with that phone instead of a word, and writes nothing for it; inside the
+    sentence the LM stays as it was. A new start state repeats the old one's arcs and adds the
+    filler arc to it; every final state gets a filler arc to a new final state.
+    """
+    out = map_arcs(grammar, lambda a: a)
+    old_start = out.start
+    start, end = out.add_state(), out.add_state()
+    finals = []
+    states = kfst.StateIterator(grammar)
+    while not states.done:
+        state = states.value
+        final = grammar.final(state)
+        if final != kfst.TropicalWeight.zero:
+            finals.append((state, float(final.value)))
+        states.next()
+    arcs = kfst.ArcIterator(grammar, old_start)
+    while not arcs.done:
+        out.add_arc(start, arcs.value)
+        arcs.next()
+    out.set_final(start, grammar.final(old_start))
+    out.add_arc(start, kfst.StdArc(word, 0, kfst.TropicalWeight(cost), old_start))
+    for state, weight in finals:
+        out.add_arc(state, kfst.StdArc(word, 0, kfst.TropicalWeight(cost + weight), end))
+    out.set_final(end, kfst.TropicalWeight.one)
+    out.start = start
+    kfst.arcsort(out, sort_type="ilabel")
+    return out
 
 
 def make_hclg(lexicon_disambig, grammar, tree, trans_model, disambig_phones: list[int],

@@ -65,7 +65,7 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
-    objective += _switched_on(params.get("nnet.effective.edge_fragments", "{}"), "probability", "edge fragments", "p")
+    objective += _fragments_label(params.get("nnet.effective.edge_fragments", "{}"))
     objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
     if params.get("nnet.effective.init", "none") != "none":
         objective += f", fine-tuned from {params['nnet.effective.init']}"
@@ -87,6 +87,14 @@ def _switched_on(param: str, key: str, label: str, symbol: str) -> str:
         return ""
     on = value.get(key, 0) if isinstance(value, dict) else 0
     return f", {label} ({symbol}={on:g})" if on else ""
+
+
+def _fragments_label(param: str) -> str:
+    """``, edge fragments (p=…)``, with ``, filler`` when they are labelled with the filler, when they are on, else ""."""
+    label = _switched_on(param, "probability", "edge fragments", "p")
+    if label and ast.literal_eval(param).get("label") == "filler":
+        label = label[:-1] + ", filler)"
+    return label
 
 
 def _mmi_label(param: str) -> str:
