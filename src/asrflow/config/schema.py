@@ -11,7 +11,7 @@ import copy
 import difflib
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -302,18 +302,23 @@ def _reads_as(config: Mapping[str, Any], system: str) -> str | None:
     return other if other in config["nnet"]["models"] else None
 
 
+def _members_differ(config: Mapping[str, Any], name: str, value: Callable[[Mapping[str, Any], str], Any]
+                    ) -> dict[str, Any] | None:
+    """``value(config, member)`` per (defined) member of ensemble ``name`` when they do not all agree, else None."""
+    members = [m for m in config["nnet"]["models"][name].get("members", []) if m in config["nnet"]["models"]]
+    used = {m: value(config, m) for m in members}
+    return used if len(set(used.values())) > 1 else None
+
+
 def _check_features(config: Mapping[str, Any], name: str) -> None:
     """The kind a network reads is extracted (fmllr: the GMM's MFCCs are); an ensemble's members read one kind."""
     model = config["nnet"]["models"][name]
     kinds = config["features"]["kinds"]
     if model["type"] == "ensemble":
-        members = [m for m in model.get("members", []) if m in config["nnet"]["models"]]
-        used = {m: model_features(config, m) for m in members}
-        if len(set(used.values())) > 1:
+        if used := _members_differ(config, name, model_features):
             raise ConfigError(f"config key 'nnet.models.{name}.members': the members read different features "
                               f"({', '.join(f'{m}: {k}' for m, k in used.items())}); an ensemble decodes one kind")
-        norms = {m: model_cmvn(config, m) for m in members}
-        if len(set(norms.values())) > 1:
+        if norms := _members_differ(config, name, model_cmvn):
             raise ConfigError(f"config key 'nnet.models.{name}.members': the members normalise their features "
                               f"differently ({', '.join(f'{m}: cmvn {k}' for m, k in norms.items())}); an "
                               f"ensemble feeds them one input")
@@ -363,9 +368,7 @@ def _check_edge_filler(config: Mapping[str, Any], name: str) -> None:
     or none)."""
     model = config["nnet"]["models"][name]
     if model["type"] == "ensemble":
-        members = [m for m in model.get("members", []) if m in config["nnet"]["models"]]
-        used = {m: _trains_filler(config, m) for m in members}
-        if len(set(used.values())) > 1:
+        if used := _members_differ(config, name, _trains_filler):
             raise ConfigError(f"config key 'nnet.models.{name}.members': some members train with edge_fragments."
                               f"label filler and some not ({', '.join(f'{m}: {v}' for m, v in used.items())}); "
                               f"an ensemble decodes through one graph")
@@ -422,9 +425,7 @@ def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:
             raise ConfigError(f"config key 'nnet.models.{name}.members': {', '.join(perturbed)} train with "
                               f"speed_perturb and the others without; an ensemble's members share one set of "
                               f"alignments and priors")
-        members = [m for m in model.get("members", []) if m in config["nnet"]["models"]]
-        used = {m: model_alignments(config, m) for m in members}
-        if len(set(used.values())) > 1:
+        if used := _members_differ(config, name, model_alignments):
             raise ConfigError(f"config key 'nnet.models.{name}.members': the members train on the alignments of "
                               f"different GMMs ({', '.join(f'{m}: {a}' for m, a in used.items())}); an ensemble's "
                               f"members share one tree")
