@@ -11,7 +11,8 @@ word (cut at the end of a word of a training utterance of the same speaker, from
 GMM alignment) are put before the utterance, and independently, the first frames of a word
 after it. For a hybrid the added frames take the utterance's own first (last) frame label,
 a state of the silence phone, or with ``label: filler`` the pdf of the lang's filler phone (SPN,
-the OOV word's pronunciation; :func:`filler_pdf`), which no training frame uses otherwise: the
+the OOV word's pronunciation; :func:`filler_pdf`; where every training word is in the lexicon,
+no other frame has it, as in Kaldi, spoken noise and OOV words share it otherwise): the
 priors then count the fragment frames (:meth:`EdgeFragments.expected_frames`) and the decoding
 graph admits the filler once before and once after the sentence
 (:func:`asrflow.lang.graph.add_edge_filler`), so a piece of a word at a file's edge is read as
