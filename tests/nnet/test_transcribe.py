@@ -34,3 +34,23 @@ def test_bundle_carries_pooled_statistics_only_for_per_speaker_cmvn(tmp_path) ->
     np.testing.assert_allclose(np.load(spk["cmvn"]), [[5.0, 7.0, 9.0, 5.0], [8.0, 12.0, 23.0, 0.0]])
     assert "cmvn" not in utt and not (tmp_path / "utt" / "cmvn.npy").exists()  # each file its own mean
     assert [json.loads(open(b["settings"]).read())["cmvn"] for b in (spk, utt)] == ["speaker", "utterance"]
+
+
+def test_one_speakers_files_are_normalised_with_their_joint_statistics() -> None:
+    """``one_speaker``: the files' own joint mean, as the decode stage normalises a test speaker; otherwise the
+    pooled training statistics; a network trained with per-utterance CMVN: each file's own mean either way."""
+    from asrflow.features.transforms import cmvn_stats
+    from asrflow.nnet.transcribe import Transcriber
+
+    raw = {"a.wav": np.array([[1.0, 2.0], [3.0, 4.0]]), "b.wav": np.array([[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]])}
+    transcriber = Transcriber.__new__(Transcriber)  # no network needed to normalise features
+    transcriber.raw_features = raw.__getitem__
+    transcriber.cmvn = cmvn_stats(np.array([[0.0, 10.0], [2.0, 10.0]]))  # training mean (1, 10)
+    joint = transcriber.featurise(list(raw), one_speaker=True)
+    np.testing.assert_allclose(joint[0], raw["a.wav"] - [5.0, 6.0])  # the mean of all five frames
+    np.testing.assert_allclose(joint[1], raw["b.wav"] - [5.0, 6.0])
+    np.testing.assert_allclose(transcriber.featurise(["a.wav"])[0], raw["a.wav"] - [1.0, 10.0])
+    transcriber.cmvn = None
+    for one_speaker in (False, True):
+        own = transcriber.featurise(list(raw), one_speaker=one_speaker)
+        np.testing.assert_allclose(own[1], raw["b.wav"] - [7.0, 8.0])

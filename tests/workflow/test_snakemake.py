@@ -296,3 +296,13 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
             assert workdir.is_dir()
             transcriber.close()
             assert not workdir.exists()
+    # the test speaker's files together, normalised as one speaker's (the decode stage's CMVN): the decode stage's
+    # hypotheses, word for word; dnn_frag's model decodes through the graph with the edge filler
+    for system in ("dnn", "dnn_frag"):
+        run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'tune-{system}-train'")[0]
+        model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+        decoded = read_table(res / "decode" / system / "test" / "hyp.txt")
+        everyone = sorted(wavs)
+        hyps = model.predict([wavs[u] for u in everyone], params={"one_speaker": True})
+        assert {u: h.split() for u, h in zip(everyone, hyps)} == {u: decoded[u].split() for u in everyone}, system
+        model.unwrap_python_model().transcriber.close()

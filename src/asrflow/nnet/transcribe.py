@@ -113,22 +113,33 @@ class Transcriber:
         if self._workdir is not None:
             self._cleanup()
 
-    def featurise(self, path: str) -> np.ndarray:
-        """Features of one audio file, normalised with the pooled training CMVN (a network trained with
-        per-utterance CMVN, or a bundle without ``cmvn``: its own)."""
+    def raw_features(self, path: str) -> np.ndarray:
+        """Features of one audio file, before mean normalisation."""
         from asrflow.data.audio import read_audio, resample
         from asrflow.features.stage import INT16_SCALE
 
         samples, rate = read_audio(path)
         signal = resample(samples, rate, self.features.sample_rate) * np.float32(INT16_SCALE)
-        feats = compute(signal, self.features, key=Path(path).name, seed=self.settings["seed"])
-        return apply_cmvn(feats, self.cmvn)
+        return compute(signal, self.features, key=Path(path).name, seed=self.settings["seed"])
 
-    def transcribe(self, paths: list[str]) -> list[str]:
-        """One transcript per file."""
+    def featurise(self, paths: list[str], one_speaker: bool = False) -> list[np.ndarray]:
+        """Features of the audio files, normalised as the network was trained: with per-speaker CMVN, the
+        statistics of all ``paths`` together when they are ``one_speaker``'s (as the decode stage normalises a
+        test speaker), else the pooled training statistics; with per-utterance CMVN (or a bundle without
+        ``cmvn``) each file's own."""
+        from asrflow.features.transforms import cmvn_stats
+
+        raw = [self.raw_features(p) for p in paths]
+        stats = self.cmvn
+        if one_speaker and stats is not None and raw:
+            stats = sum(cmvn_stats(x) for x in raw)
+        return [apply_cmvn(x, stats) for x in raw]
+
+    def transcribe(self, paths: list[str], one_speaker: bool = False) -> list[str]:
+        """One transcript per file; ``one_speaker``: the files are one speaker's (:meth:`featurise`)."""
         from asrflow.nnet.inference import log_posteriors
 
-        feats = [self.featurise(p) for p in paths]
+        feats = self.featurise(paths, one_speaker)
         decode = self.settings["decode"]
         if self.kind in ("hclg", "tlg"):
             from asrflow.decode.ctc import graph_options, scaled_posteriors
