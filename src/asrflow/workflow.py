@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.config import (ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS, SAT_SOURCES, ConfigError, model_alignments,
-                            model_edge_filler, model_features, model_train, resolve_config, section_fingerprint, write_resolved)
+                            model_edge_filler, model_features, model_train, resolve_config, section_fingerprint,
+                            write_resolved)
 from asrflow.config.schema import reapply_replaced
 from asrflow.data.perturb import perturbed_split
 
@@ -198,7 +199,8 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
         if trained and model_train(config, system)["speed_perturb"]:
             inputs["alignments"] = f"{root}/align/{train}/{ali}"
     if model["objective"] == "hybrid":  # trained with the edge filler: the graph that admits it
-        inputs["graph"] = f"{root}/graph/{train}/{ali}" + ("_filler" if model_edge_filler(config, system) is not None else "")
+        filler = "_filler" if model_edge_filler(config, system) is not None else ""
+        inputs["graph"] = f"{root}/graph/{train}/{ali}{filler}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
     if "init" in model:

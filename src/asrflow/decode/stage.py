@@ -15,7 +15,7 @@ from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_set
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.kaldi import kfst
-from asrflow.lang.graph import add_edge_filler, make_hclg, make_tlg, read_symbols
+from asrflow.lang.graph import add_edge_filler, make_hclg, make_tlg, oov_word, read_symbols
 
 
 def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path, log=print,
@@ -40,8 +40,7 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
     else:
         name, model = "HCLG", GmmModel.load(model_dir)
         if edge_filler is not None:
-            oov = (lang_dir / "oov.txt").read_text().split()[0]
-            grammar = add_edge_filler(grammar, read_symbols(lang_dir / "words.txt")[oov], edge_filler)
+            grammar = add_edge_filler(grammar, read_symbols(lang_dir / "words.txt")[oov_word(lang_dir)], edge_filler)
         graph = make_hclg(lexicon, grammar, model.tree, model.tm, ints("disambig.int"))
     graph.write(str(out / f"{name}.fst"))
     (out / "words.txt").write_text((lang_dir / "words.txt").read_text())

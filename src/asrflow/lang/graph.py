@@ -25,6 +25,11 @@ def read_symbols(path: str | Path) -> dict[str, int]:
     return table
 
 
+def oov_word(lang_dir: str | Path) -> str:
+    """The word a lang folder maps unknown words to (``oov.txt``)."""
+    return (Path(lang_dir) / "oov.txt").read_text(encoding="utf-8").split()[0]
+
+
 def compile_text_fst(text: str, isyms: dict[str, int], osyms: dict[str, int]):
     """Compile an FST from text with symbolic labels (``src dst ilabel olabel [weight]``)."""
     lines = []
@@ -54,17 +59,11 @@ def add_edge_filler(grammar, word: int, cost: float):
     sentence the LM stays as it was. A new start state repeats the old one's arcs and adds the
     filler arc to it; every final state gets a filler arc to a new final state.
     """
+    finals = [(s, float(grammar.final(s).value)) for s in range(grammar.num_states)
+              if grammar.final(s) != kfst.TropicalWeight.zero]
     out = map_arcs(grammar, lambda a: a)
     old_start = out.start
     start, end = out.add_state(), out.add_state()
-    finals = []
-    states = kfst.StateIterator(grammar)
-    while not states.done:
-        state = states.value
-        final = grammar.final(state)
-        if final != kfst.TropicalWeight.zero:
-            finals.append((state, float(final.value)))
-        states.next()
     arcs = kfst.ArcIterator(grammar, old_start)
     while not arcs.done:
         out.add_arc(start, arcs.value)

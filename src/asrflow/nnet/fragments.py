@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from asrflow.data.datadir import read_table
-from asrflow.lang.graph import read_symbols
+from asrflow.lang.graph import oov_word, read_symbols
 from asrflow.nnet import NnetError
 
 MIN_FRAMES = 5
@@ -63,8 +63,7 @@ def alignment_speech(ali_dir: str | Path | None, lang_dir: str | Path | None, so
 
 def filler_phone(lang_dir: str | Path) -> tuple[str, int]:
     """The lang's filler phone: the one-phone pronunciation of its OOV word (``oov.txt``; Kaldi's SPN), and its id."""
-    lang = Path(lang_dir)
-    oov = (lang / "oov.txt").read_text().split()[0]
+    lang, oov = Path(lang_dir), oov_word(lang_dir)
     prons = [line.split()[1:] for line in (lang / "lexicon.txt").read_text(encoding="utf-8").splitlines()
              if line.split()[:1] == [oov]]
     if len(prons) != 1 or len(prons[0]) != 1:
