@@ -2,7 +2,7 @@
 # Rules say what runs; profiles (cluster/) say where. Run the default experiment with
 #   snakemake --cores all
 # and another with --configfile config/experiments/<name>.yaml.
-from asrflow.config import ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS
+from asrflow.config import FMLLR_SYSTEMS, GMM_SYSTEMS
 from asrflow.workflow import (
     dask_threads,
     decode_nnet_fingerprint,

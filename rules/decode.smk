@@ -1,5 +1,4 @@
-# Decoding graphs (HCLG per GMM system, with the edge filler for hybrids trained on it, TLG per
-# training split for CTC over phones) and
+# Decoding graphs (HCLG per GMM system, TLG per training split for CTC over phones) and
 # decoding of the test splits on Dask: GMM-HMMs and hybrid networks through HCLG, CTC
 # networks over phones through TLG, other CTC networks by prefix beam search.
 # Decoder settings (acoustic scale, insertion penalty; LM weight and word bonus for CTC) are
@@ -25,28 +24,6 @@ rule graph:
         "../envs/cpu.yaml"
     shell:
         "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
-
-
-rule graph_filler:
-    input:
-        lang=f"{RESULTS}/lang/{{train}}",
-        model=f"{RESULTS}/gmm/{{train}}/{{system}}",
-    output:
-        directory(f"{RESULTS}/graph/{{train}}/{{system}}_filler"),
-    wildcard_constraints:
-        train="[^/]*train",
-        system=system_pattern(GMM_SYSTEMS),
-    params:
-        cost=config["nnet"]["decode"]["edge_filler_cost"],
-    priority: 10
-    log:
-        f"{RESULTS}/logs/graph.{{train}}.{{system}}_filler.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/graph.{{train}}.{{system}}_filler.tsv"
-    conda:
-        "../envs/cpu.yaml"
-    shell:
-        "asrflow graph --lang {input.lang} --model {input.model} --edge-filler {params.cost} --out {output} > {log} 2>&1"
 
 
 rule graph_ctc:
@@ -76,7 +53,7 @@ rule decode:
         directory(f"{RESULTS}/decode/{{system}}/{{test}}"),
     wildcard_constraints:
         test="[^/]*test",
-        system=system_pattern(GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS),
+        system=system_pattern(GMM_SYSTEMS + FMLLR_SYSTEMS),
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "decode"),
@@ -153,7 +130,7 @@ rule tune_gmm:
         directory(f"{RESULTS}/tune/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system=system_pattern(GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS),
+        system=system_pattern(GMM_SYSTEMS + FMLLR_SYSTEMS),
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "tune_gmm"),

@@ -17,15 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def mirror_path() -> Path | None:
     env = os.environ.get("ASRFLOW_DATA_MIRROR")
-    path = Path(env) if env else REPO.parent / "shared" / "corpora"
-    return path if path.is_dir() else None
+    return Path(env) if env and Path(env).is_dir() else None
 
 
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     path = mirror_path()
     if path is None:
-        message = "no corpus mirror: set ASRFLOW_DATA_MIRROR (CI uses ../shared/corpora)"
+        message = "no corpus mirror: set ASRFLOW_DATA_MIRROR to a folder with the corpora (.ci/run finds CI's)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI always has the mirror: never let its tests skip silently
         pytest.skip(message)

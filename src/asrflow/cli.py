@@ -244,19 +244,17 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
     if bool(args.ctc) == bool(args.model):
         raise SystemExit("asrflow graph: give either --model (HCLG for a GMM) or --ctc (TLG for phone CTC networks)")
-    if args.edge_filler is not None and args.ctc:
-        raise SystemExit("asrflow graph: --edge-filler is for a GMM's HCLG (--model), not TLG")
-    make_graph(args.lang, None if args.ctc else args.model, args.out, log=_log, edge_filler=args.edge_filler)
+    make_graph(args.lang, None if args.ctc else args.model, args.out, log=_log)
     return 0
 
 
 def _gmm_deltas(system: str) -> int | None:
     """Δ orders a GMM system's features get when read (its adapted features come with Δ+ΔΔ); None for a network."""
-    from asrflow.config import ADAPTED_GMM_SYSTEMS
+    from asrflow.config import FMLLR_SYSTEMS
 
     if system in GMM_SYSTEMS:
         return 2
-    return 0 if system in ADAPTED_GMM_SYSTEMS else None
+    return 0 if system in FMLLR_SYSTEMS else None
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -279,12 +277,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
             else:
                 info = decode_split_nnet(config, args.system, args.model, args.data, args.features, args.lang,
                                          args.test, args.out, client, gmm_dir=args.gmm, graph_dir=args.graph,
-                                         tuned=tuned, threads=args.workers, log=_log)
+                                         tuned=tuned, log=_log)
         run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"])})
-        if "speakers_adapted" in info:  # an adapted network
-            run.log_params({"nnet.adapt.source": info["source"]})
-            run.log_metrics({k: info[k] for k in ("speakers_adapted", "hypotheses_changed", "adaptation_seconds")})
-            run.log_artifact(Path(args.out) / "adaptation.json")
     return 0
 
 
@@ -308,9 +302,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
         run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
                          "held_out_words": info["words"], "grid_points": len(info["grid"])})
-        if "edge_fragments" in info:
-            run.log_metrics({"edge_fragment_errors": info["edge_fragments"]["errors"],
-                             "edge_fragment_wer": info["edge_fragments"]["wer"]})
         run.log_artifact(args.out)
         if deltas is not None:  # a GMM: no MLflow model
             return 0
@@ -484,9 +475,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lang", required=True)
     p.add_argument("--model", help="GMM system folder: build its HCLG")
     p.add_argument("--ctc", action="store_true", help="build TLG for CTC networks over the lang's phones")
-    p.add_argument("--edge-filler", type=float, default=None, metavar="COST",
-                   help="let the lang's OOV word (its filler phone) cover a piece of a word before and after the "
-                        "sentence at this cost, writing nothing (hybrids trained with edge_fragments.label filler)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_graph)
 

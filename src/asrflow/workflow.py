@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import (ADAPTED_GMM_SYSTEMS, GMM_SYSTEMS, SAT_SOURCES, ConfigError, model_alignments,
-                            model_edge_filler, model_features, model_train, resolve_config, section_fingerprint,
-                            write_resolved)
+from asrflow.config import (FMLLR_SYSTEMS, GMM_SYSTEMS, SAT_SOURCES, ConfigError, model_alignments,
+                            model_features, model_train, resolve_config, section_fingerprint, write_resolved)
 from asrflow.config.schema import reapply_replaced
 from asrflow.data.perturb import perturbed_split
 
@@ -40,8 +39,6 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
              "nnet.train", "nnet.models.{system}"),
     "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
-    # an adapted network fine-tunes its source on each test speaker inside its decode job
-    "decode_adapted": ("seed", "decode", "nnet.decode", "nnet.valid_fraction", "nnet.train", "nnet.models.{system}"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
     "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.decode.shard_utts"),
 }
@@ -99,7 +96,7 @@ def score_targets(config: dict[str, Any]) -> list[str]:
 
 def network_systems(config: dict[str, Any]) -> list[str]:
     """The evaluated systems that are networks (``nnet.models`` entries)."""
-    return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS]
+    return [s for s in config["evaluation"]["systems"] if s not in GMM_SYSTEMS + FMLLR_SYSTEMS]
 
 
 def gmm_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
@@ -121,7 +118,7 @@ def gmm_system_inputs(config: dict[str, Any], train: str, system: str) -> dict[s
     ``<gmm>_fmllr`` the fold's speaker-adapted features (rule fmllr)."""
     root = results_dir(config)
     gmm = system.removesuffix("_fmllr")
-    features = f"{root}/fmllr/{train}/{gmm}" if system in ADAPTED_GMM_SYSTEMS else f"{root}/features/mfcc"
+    features = f"{root}/fmllr/{train}/{gmm}" if system in FMLLR_SYSTEMS else f"{root}/features/mfcc"
     return {"data": f"{root}/data", "features": features, "lang": f"{root}/lang/{train}",
             "model": f"{root}/gmm/{train}/{gmm}", "graph": f"{root}/graph/{train}/{gmm}"}
 
@@ -150,18 +147,9 @@ def ensemble_systems(config: dict[str, Any]) -> list[str]:
     return [s for s in network_systems(config) if models[s]["type"] == "ensemble"]
 
 
-def adapted_systems(config: dict[str, Any]) -> list[str]:
-    """The evaluated networks that are adapted ones (a trained source fine-tuned per test speaker when decoding)."""
-    models = config["nnet"]["models"]
-    return [s for s in network_systems(config) if models[s]["type"] == "adapted"]
-
-
 def tuned_networks(config: dict[str, Any]) -> list[str]:
-    """The networks whose decoders the tune stage tunes: evaluated ones, an adapted network's source in its place
-    (it decodes with its source's settings)."""
-    models = config["nnet"]["models"]
-    names = [s for s in network_systems(config) if models[s]["type"] != "adapted"]
-    return names + [source for s in adapted_systems(config) if (source := models[s]["source"]) not in names]
+    """The networks whose decoders the tune stage tunes: the evaluated ones."""
+    return network_systems(config)
 
 
 def trained_networks(config: dict[str, Any]) -> list[str]:
@@ -174,9 +162,8 @@ def trained_networks(config: dict[str, Any]) -> list[str]:
 
 
 def decode_nnet_fingerprint(config: dict[str, Any], system: str) -> str:
-    """The decode_nnet rule's fingerprint of network ``system`` (an adapted one's includes its fine-tuning)."""
-    stage = "decode_adapted" if config["nnet"]["models"][system]["type"] == "adapted" else "decode_nnet"
-    return stage_fingerprint(config, stage, system=system)
+    """The decode_nnet rule's fingerprint of network ``system``."""
+    return stage_fingerprint(config, "decode_nnet", system=system)
 
 
 def system_pattern(names: list[str] | tuple[str, ...]) -> str:
@@ -186,21 +173,17 @@ def system_pattern(names: list[str] | tuple[str, ...]) -> str:
 
 def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones
-    TLG; a CTC model with edge fragments the GMM (its alignments); a fine-tuned network (``init``) the trained
-    network it starts from."""
+    TLG; a fine-tuned network (``init``) the trained network it starts from."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
     trained = model["type"] != "ensemble"
-    fragments = trained and model_train(config, system)["edge_fragments"]["probability"] > 0
     ali = model_alignments(config, system)
-    if model["objective"] == "hybrid" or fragments:  # a CTC model cuts its edge fragments from the alignments
+    if model["objective"] == "hybrid":
         inputs["gmm"] = f"{root}/gmm/{train}/{ali}"
         if trained and model_train(config, system)["speed_perturb"]:
             inputs["alignments"] = f"{root}/align/{train}/{ali}"
-    if model["objective"] == "hybrid":  # trained with the edge filler: the graph that admits it
-        filler = "_filler" if model_edge_filler(config, system) is not None else ""
-        inputs["graph"] = f"{root}/graph/{train}/{ali}{filler}"
+        inputs["graph"] = f"{root}/graph/{train}/{ali}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
     if "init" in model:
@@ -245,23 +228,17 @@ def network_inputs(config: dict[str, Any], train: str, system: str) -> dict[str,
 
 
 def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of tuning network ``system``'s decoder: the network and what it was trained with, and a GMM
-    (its alignments) for the edge-fragment check when that is on."""
-    inputs = network_inputs(config, train, system)
-    if config["nnet"]["decode"]["tune"]["edge_fragments"]["enabled"] and "gmm" not in inputs:
-        inputs["gmm"] = f"{results_dir(config)}/gmm/{train}/{model_alignments(config, system)}"
-    return inputs
+    """Inputs of tuning network ``system``'s decoder: the network and what it was trained with."""
+    return network_inputs(config, train, system)
 
 
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
     """Inputs of decoding ``test`` with network ``system``: the network, what it was trained with, and the
-    tuned settings when tuning is on (an adapted network: its source's)."""
+    tuned settings when tuning is on."""
     train = train_split(test)
-    model = config["nnet"]["models"][system]
-    network = model["source"] if model["type"] == "adapted" else system
-    inputs = network_inputs(config, train, network)
+    inputs = network_inputs(config, train, system)
     if config["nnet"]["decode"]["tune"]["enabled"]:
-        inputs["tune"] = f"{results_dir(config)}/tune/{train}/{network}"
+        inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
     return inputs
 
 
@@ -349,18 +326,15 @@ OWN_STAGE_KEYS = {"decode": ("tune",)}
 # is one ("decode" is the GMMs' section, not nnet.decode), else by its last part ("train": nnet.train
 # and every network's own train overrides); "": top-level keys.
 NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False,
-                                                       "edge_fragments": {"probability": 0.0, "max_frames": 30},
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
-                                             "nnet.decode": {"edge_filler_cost": 0.0},
                                              "corpus": {"extra_training": []},
                                              "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker"}}
 
 
 # Keys added to a nested section after networks were trained with it on: left out of its
 # fingerprint while at their defaults, so that adding them reruns nothing.
-NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3},
-                                              "edge_fragments": {"label": "edge"}}
+NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3}}
 
 
 def _without_new_defaults(key: str, value: Any) -> Any:

@@ -177,17 +177,15 @@ def test_speaker_cmvn_changes_no_fingerprint_and_utterance_cmvn_retrains(tmp_pat
     every = make_config(tmp_path, nnet={"cmvn": "utterance", "models": {"dnn": {"type": "dnn"}}})
     own = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "cmvn": "utterance"},
                                                  "d2": {"type": "dnn", "cmvn": "utterance"},
-                                                 "e": {"type": "ensemble", "members": ["dnn", "d2"]},
-                                                 "sa": {"type": "adapted", "source": "dnn"}}})
+                                                 "e": {"type": "ensemble", "members": ["dnn", "d2"]}}})
     assert base["nnet"]["cmvn"] == "speaker" and "cmvn" not in base["nnet"]["models"]["dnn"]
     fingerprint = [stage_fingerprint(c, "nnet", system="dnn") for c in (base, same, every, own)]
     assert fingerprint[0] == fingerprint[1] and len(set(fingerprint[1:])) == 3
     assert [model_cmvn(c, "dnn") for c in (base, every, own)] == ["speaker", "utterance", "utterance"]
-    assert model_cmvn(own, "e") == model_cmvn(own, "sa") == "utterance"  # the member's, the source's
+    assert model_cmvn(own, "e") == "utterance"  # the members'
 
 
 @pytest.mark.parametrize(("key", "default", "on"), [
-    ("edge_fragments", {"probability": 0.0, "max_frames": 30, "label": "edge"}, {"probability": 1.0, "max_frames": 60}),
     ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3}, {"weight": 1.0}),
 ])
 def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str, default: dict, on: dict) -> None:
@@ -216,71 +214,17 @@ def test_mmi_keys_added_later_change_no_fingerprint_at_their_defaults(tmp_path) 
     assert len({before, phone_lm, fingerprint({"weight": 4.0, "denominator": "phone_lm", "phone_lm_order": 2})}) == 3
 
 
-def test_the_edge_filler_keys_change_no_fingerprint_at_their_defaults(tmp_path) -> None:
-    """Networks trained or decoded before edge_fragments.label and nnet.decode.edge_filler_cost existed keep their
-    fingerprints; the filler label retrains, and another filler cost decodes again."""
-    def config(label: str | None, cost: float | None) -> dict:
-        fragments = {"probability": 1.0, **({"label": label} if label else {})}
-        made = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "train": {"edge_fragments": fragments}}},
-                                           **({"decode": {"edge_filler_cost": cost}} if cost is not None else {})})
-        if label is None:  # as the config was before the keys existed
-            del made["nnet"]["train"]["edge_fragments"]["label"]
-            made["nnet"]["models"]["dnn"]["train"]["edge_fragments"].pop("label", None)
-        if cost is None:
-            del made["nnet"]["decode"]["edge_filler_cost"]
-        return made
+def test_a_ctc_model_needs_no_gmm(tmp_path) -> None:
+    """CTC networks train, tune and decode without the GMM; hybrids read its alignments and graph."""
+    from asrflow.workflow import nnet_decode_inputs, nnet_inputs, nnet_tune_inputs, results_dir
 
-    before, edge, filler, dear = config(None, None), config("edge", 0.0), config("filler", 0.0), config("filler", 2.0)
-    nnet = [stage_fingerprint(c, "nnet", system="dnn") for c in (before, edge, filler, dear)]
-    assert nnet[0] == nnet[1] != nnet[2] == nnet[3]
-    tune = [stage_fingerprint(c, "tune", system="dnn") for c in (before, edge, filler, dear)]
-    assert tune[0] == tune[1] == tune[2] != tune[3]
-
-
-def test_a_network_trained_on_the_filler_uses_the_graph_with_it(tmp_path) -> None:
-    """A hybrid with edge_fragments.label filler (and an ensemble of such) trains, tunes and decodes with the
-    GMM's graph that admits the edge filler; the others with the plain one."""
-    from asrflow.workflow import nnet_decode_inputs, nnet_inputs, results_dir
-
-    filler = {"edge_fragments": {"probability": 1.0, "label": "filler"}}
-    models = {"d": {"type": "dnn"}, "f": {"type": "dnn", "train": filler}, "g": {"type": "dnn", "train": filler},
-              "e": {"type": "ensemble", "members": ["f", "g"]}, "a": {"type": "adapted", "source": "f"}}
+    models = {"c": {"type": "cnn", "objective": "ctc"}, "d": {"type": "dnn"}}
     config = make_config(tmp_path, nnet={"models": models}, evaluation={"systems": list(models)})
     root = results_dir(config)
-    assert nnet_inputs(config, "train", "d")["graph"] == f"{root}/graph/train/tri"
-    assert nnet_inputs(config, "train", "f")["graph"] == f"{root}/graph/train/tri_filler"
-    assert nnet_inputs(config, "train", "e")["graph"] == f"{root}/graph/train/tri_filler"
-    assert nnet_decode_inputs(config, "test", "a")["graph"] == f"{root}/graph/train/tri_filler"
-
-
-def test_a_ctc_model_with_edge_fragments_reads_the_alignments(tmp_path) -> None:
-    """CTC needs no GMM, unless it cuts edge fragments from the alignments (of the speed-perturbed copies too)."""
-    from asrflow.workflow import nnet_inputs, results_dir
-
-    on = {"edge_fragments": {"probability": 0.5}}
-    models = {"c": {"type": "cnn", "objective": "ctc"}, "cf": {"type": "cnn", "objective": "ctc", "train": on},
-              "cfs": {"type": "cnn", "objective": "ctc", "train": {**on, "speed_perturb": True}}}
-    config = make_config(tmp_path, audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]}, nnet={"models": models},
-                         evaluation={"systems": list(models)})
-    root = results_dir(config)
-    assert "gmm" not in nnet_inputs(config, "train", "c")
-    assert nnet_inputs(config, "train", "cf")["gmm"] == f"{root}/gmm/train/tri" and "graph" not in nnet_inputs(
-        config, "train", "cf")
-    assert nnet_inputs(config, "train", "cfs")["alignments"] == f"{root}/align/train/tri"
-
-
-def test_tuning_a_ctc_model_reads_the_alignments_for_the_edge_fragment_check(tmp_path) -> None:
-    """The tune stage's edge-fragment check cuts word pieces from the GMM's alignments; decoding does not need them."""
-    from asrflow.workflow import nnet_decode_inputs, nnet_tune_inputs, results_dir
-
-    models = {"c": {"type": "cnn", "objective": "ctc"}}
-    config = make_config(tmp_path, nnet={"models": models}, evaluation={"systems": list(models)})
-    root = results_dir(config)
-    assert nnet_tune_inputs(config, "train", "c")["gmm"] == f"{root}/gmm/train/tri"
+    for inputs in (nnet_inputs, nnet_tune_inputs):
+        assert "gmm" not in inputs(config, "train", "c")
+        assert inputs(config, "train", "d")["graph"] == f"{root}/graph/train/tri"
     assert "gmm" not in nnet_decode_inputs(config, "test", "c")
-    off = make_config(tmp_path, nnet={"models": models, "decode": {"tune": {"edge_fragments": {"enabled": False}}}},
-                      evaluation={"systems": list(models)})
-    assert "gmm" not in nnet_tune_inputs(off, "train", "c")
 
 
 def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:

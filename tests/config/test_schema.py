@@ -17,15 +17,16 @@ def test_defaults_filled_deeply() -> None:
 
 
 def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None:
-    """A model's ``train.specaugment`` / ``train.edge_fragments`` names only what it changes; the rest stays."""
+    """A model's ``train.specaugment`` / ``train.mmi`` names only what it changes; the rest stays."""
     from asrflow.config import model_train
 
     config = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "nnet": {
         "train": {"specaugment": {"freq_width": 4}},
-        "models": {"d": {"type": "dnn", "train": {"lr": 0.01, "edge_fragments": {"probability": 0.5},
+        "models": {"d": {"type": "dnn", "train": {"lr": 0.01, "mmi": {"weight": 0.5},
                                                    "specaugment": {"freq_masks": 2}}}}}})
     train = model_train(config, "d")
-    assert train["lr"] == 0.01 and train["edge_fragments"] == {"probability": 0.5, "max_frames": 30, "label": "edge"}
+    assert train["lr"] == 0.01 and train["mmi"] == {"weight": 0.5, "acoustic_scale": 0.1, "denominator": "graph",
+                                                    "phone_lm_order": 3}
     assert train["specaugment"]["freq_masks"] == 2 and train["specaugment"]["freq_width"] == 4
     assert train["specaugment"]["time_width"] == 20
 
@@ -72,9 +73,9 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
          "config key 'nnet.models.e.members': the members normalise their features differently (a: cmvn "
          "utterance, b: cmvn speaker)"),
         ({"experiment": "x", "corpus": {"name": "yesno"},
-          "nnet": {"models": {"a": {"type": "dnn"}, "s": {"type": "adapted", "source": "a", "cmvn": "utterance"}}},
+          "nnet": {"models": {"a": {"type": "dnn"}, "s": {"type": "adapted", "source": "a"}}},
           "evaluation": {"systems": ["s"]}},
-         "an adapted network takes its shape, features, normalisation and GMM from its source; cmvn not allowed"),
+         "config key 'nnet.models.s.type': 'adapted' is not one of ['dnn', 'lstm', 'cnn', 'ensemble']"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "nnet": {"cmvn": "global"}},
          "config key 'nnet.cmvn': 'global' is not one of ['speaker', 'utterance']"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"kinds": ["fbank"]},
@@ -96,15 +97,6 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},
           "evaluation": {"systems": ["e"]}},
          "config key 'nnet.models.e.members': the members train on the alignments of different GMMs (a: sat, b: tri)"),
-        ({"experiment": "x", "corpus": {"name": "yesno"},
-          "nnet": {"models": {"a": {"type": "dnn", "train": {"edge_fragments": {"probability": 1.0, "label": "filler"}}},
-                              "b": {"type": "dnn"}, "e": {"type": "ensemble", "members": ["a", "b"]}}},
-          "evaluation": {"systems": ["e"]}},
-         "config key 'nnet.models.e.members': some members train with edge_fragments.label filler and some not"),
-        ({"experiment": "x", "corpus": {"name": "yesno"},
-          "nnet": {"models": {"c": {"type": "cnn", "objective": "ctc", "train": {
-              "edge_fragments": {"probability": 1.0, "label": "filler"}}}}}, "evaluation": {"systems": ["c"]}},
-         "config key 'nnet.models.c.train.edge_fragments.label': filler labels a hybrid's frames; c is a ctc network"),
     ],
 )
 def test_errors_name_the_key(raw: dict, message: str) -> None:
@@ -113,28 +105,13 @@ def test_errors_name_the_key(raw: dict, message: str) -> None:
     assert message in str(err.value)
 
 
-def test_networks_trained_on_the_filler_decode_with_its_cost() -> None:
-    """A hybrid whose fragments are labelled filler decodes through the graph with the edge filler, as do an
-    ensemble of such networks and one adapted from it; the others (label edge, fragments off) without."""
-    from asrflow.config import model_edge_filler
-
-    filler = {"edge_fragments": {"probability": 1.0, "label": "filler"}}
-    config = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "nnet": {
-        "decode": {"edge_filler_cost": 2.5},
-        "models": {"f": {"type": "dnn", "train": filler}, "g": {"type": "dnn", "train": filler},
-                   "e": {"type": "ensemble", "members": ["f", "g"]}, "a": {"type": "adapted", "source": "e"},
-                   "p": {"type": "dnn", "train": {"edge_fragments": {"probability": 1.0}}},
-                   "o": {"type": "dnn", "train": {"edge_fragments": {"label": "filler"}}}}},
-        "evaluation": {"systems": ["e", "a", "p", "o"]}})
-    assert [model_edge_filler(config, n) for n in ("f", "e", "a", "p", "o")] == [2.5, 2.5, 2.5, None, None]
-
-
 def test_missing_required_nested_key() -> None:
     with pytest.raises(ConfigError, match="missing required config key 'corpus.name'"):
         resolve_config({"experiment": "x", "corpus": {"language": "en"}})
 
 
-@pytest.mark.parametrize("name", ["config/config.yaml", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config/experiments").glob("*.yaml"))])
+@pytest.mark.parametrize("name", ["config/config.yaml", *sorted(p.relative_to(REPO).as_posix()
+                                                                 for p in (REPO / "config").glob("*/*.yaml"))])
 def test_shipped_configs_validate(name: str) -> None:
     paths = [REPO / "config/config.yaml"] + ([REPO / name] if name != "config/config.yaml" else [])
     config = load_config(*paths)

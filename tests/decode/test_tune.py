@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from asrflow.decode.tune import AXES, choose, fragment_shards, grid_points, neighbourhood_mean, tuned_settings
+from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, tuned_settings
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
-from asrflow.nnet import NnetError
 
 
 def test_grid_is_row_major_over_the_axes() -> None:
@@ -73,48 +71,6 @@ def test_no_tune_folder_means_the_configured_settings(tmp_path: Path) -> None:
     assert tuned_settings(None) == {}
     (tmp_path / "tune.json").write_text('{"chosen": {"acoustic_scale": 0.05, "insertion_penalty": 1.0}}')
     assert tuned_settings(tmp_path) == {"acoustic_scale": 0.05, "insertion_penalty": 1.0}
-
-
-def test_fragment_shards_put_word_pieces_at_silent_edges(tmp_path: Path) -> None:
-    """The edge-fragment check's utterances: a word's tail before, a word's onset after, where the edge is silence."""
-    from asrflow.features.ark import load, write_ark
-    from asrflow.gmm.estep import Shard
-
-    phones = {"a": ["SIL"] * 4 + ["y"] * 10 + ["SIL"] * 3 + ["n"] * 8 + ["SIL"] * 4,
-              "b": ["SIL"] * 5 + ["n"] * 12 + ["SIL"] * 5,
-              "c": ["y"] * 9 + ["SIL"] * 6}  # starts inside a word: nothing is put before it
-    lang, gmm = tmp_path / "lang", tmp_path / "gmm"
-    lang.mkdir()
-    (gmm / "ali").mkdir(parents=True)
-    (lang / "phones.txt").write_text("<eps> 0\nSIL 1\ny 2\nn 3\n")
-    (lang / "silence.int").write_text("1\n")
-    (gmm / "ali" / "phones.txt").write_text("".join(f"{u} {' '.join(p)}\n" for u, p in phones.items()))
-    # frame t of the k-th utterance holds 100 k + t, so a piece tells where it was cut from
-    feats = {u: (100.0 * k + np.arange(len(p), dtype=np.float32))[:, None].repeat(2, axis=1)
-             for k, (u, p) in enumerate(phones.items())}
-    values = dict(line.split(" ", 1) for line in write_ark(tmp_path / "feats.ark", feats.items()))
-    shards = [Shard(key="s0", utts=("a", "b"), feats=(values["a"], values["b"]), speakers=("x", "x"),
-                    word_ids=((1,), (2,)), cmvn={}, lang_dir=str(lang)),
-              Shard(key="s1", utts=("c",), feats=(values["c"],), speakers=("x",), word_ids=((1,),), cmvn={},
-                    lang_dir=str(lang))]
-
-    new, added = fragment_shards(shards, gmm, lang, 8, seed=3, out_dir=tmp_path / "frag")
-    assert [s.utts for s in new] == [s.utts for s in shards] and len({s.key for s in new}) == 2
-    speech = {100.0 * k + t for k, p in enumerate(phones.values()) for t, ph in enumerate(p) if ph != "SIL"}
-    for shard in new:
-        for utt, value in zip(shard.utts, shard.feats):
-            info = next(a for a in added if a["utterance"] == utt)
-            matrix = load(value)[:, 0]
-            before, after = info["before"], info["after"]
-            assert len(matrix) == len(phones[utt]) + before + after
-            np.testing.assert_array_equal(matrix[before:before + len(phones[utt])], feats[utt][:, 0])
-            assert before == 0 if utt == "c" else 5 <= before <= 8
-            assert 5 <= after <= 8  # every utterance ends in silence
-            assert set(matrix[:before]) <= speech and set(matrix[len(matrix) - after:]) <= speech
-    again, _ = fragment_shards(shards, gmm, lang, 8, seed=3, out_dir=tmp_path / "again")
-    assert all(np.array_equal(load(x), load(y)) for s, t in zip(new, again) for x, y in zip(s.feats, t.feats))
-    with pytest.raises(NnetError, match="--gmm .*ali/phones.txt"):  # no alignments: a clear error, not a traceback
-        fragment_shards(shards, None, lang, 8, seed=3, out_dir=tmp_path / "none")
 
 
 def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> None:

@@ -34,13 +34,10 @@ def test_rows_take_the_newest_run_and_format_the_table() -> None:
 
 
 def test_the_objective_names_the_training_data_and_augmentation() -> None:
-    """A speed-perturbed network and ones trained with edge fragments or MMI, or fine-tuned, say so in the objective
-    column."""
+    """A speed-perturbed network and ones trained with MMI, or fine-tuned, say so in the objective column."""
     runs = [
-        _run("nnet-a-train", 1, {}, {"nnet.models.a.type": "dnn", "nnet.effective.train_data": "train_sp",
-                                     "nnet.effective.edge_fragments": "{'probability': 0.0, 'max_frames': 30}"}),
-        _run("nnet-b-train", 2, {}, {"nnet.models.b.type": "dnn", "nnet.effective.train_data": "train",
-                                     "nnet.effective.edge_fragments": "{'probability': 1.0, 'max_frames': 60}"}),
+        _run("nnet-a-train", 1, {}, {"nnet.models.a.type": "dnn", "nnet.effective.train_data": "train_sp"}),
+        _run("nnet-b-train", 2, {}, {"nnet.models.b.type": "dnn", "nnet.effective.train_data": "train"}),
         _run("nnet-c-train", 3, {}, {"nnet.models.c.type": "dnn"}),  # logged before the setting existed
         _run("nnet-d-train", 4, {}, {"nnet.models.d.type": "dnn",
                                      "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
@@ -50,42 +47,22 @@ def test_the_objective_names_the_training_data_and_augmentation() -> None:
         _run("nnet-f-train", 6, {}, {"nnet.models.f.type": "dnn", "nnet.effective.init": "d",
                                      "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
         _run("nnet-g-train", 7, {}, {"nnet.models.g.type": "dnn", "nnet.effective.init": "none"}),
-        _run("nnet-h-train", 8, {}, {"nnet.models.h.type": "dnn", "nnet.effective.edge_fragments":
-                                     "{'probability': 1.0, 'max_frames': 60, 'label': 'filler'}"}),
     ]
-    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e", "f", "g", "h"], ["test"]),
-                         ["test"])
+    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e", "f", "g"], ["test"]), ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
-    assert objective == ["hybrid, speed-perturbed data", "hybrid, edge fragments (p=1)", "hybrid", "hybrid, MMI (w=4)",
-                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid",
-                         "hybrid, edge fragments (p=1, filler)"]
+    assert objective == ["hybrid, speed-perturbed data", "hybrid", "hybrid", "hybrid, MMI (w=4)",
+                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid"]
 
 
-def test_networks_show_their_held_out_wer_plain_and_with_edge_fragments() -> None:
-    """The tune stage's held-out WER and the edge-fragment check's are columns; a GMM leaves them empty."""
+def test_networks_show_their_held_out_wer() -> None:
+    """The tune stage's held-out WER is a column; a GMM leaves it empty."""
     runs = [
         _run("gmm-tri-train", 1, {"seconds": 2.0}),
         _run("nnet-dnn-train", 2, {}, {"nnet.models.dnn.type": "dnn"}),
-        _run("tune-dnn-train", 3, {"held_out_wer": 0.02, "edge_fragment_wer": 0.125}),
-        _run("tune-dnn-loso_a_train", 4, {"held_out_wer": 0.5, "edge_fragment_wer": 0.5}),  # another split's
+        _run("tune-dnn-train", 3, {"held_out_wer": 0.02}),
+        _run("tune-dnn-loso_a_train", 4, {"held_out_wer": 0.5}),  # another split's
     ]
     header, body = table(system_rows(latest_by_stage(runs), ["tri", "dnn"], ["test"]), ["test"])
     tri, dnn = (dict(zip(header, line)) for line in body)
-    assert dnn["held-out WER %"] == "2.00" and dnn["held-out + edge fragments WER %"] == "12.50"
-    assert tri["held-out WER %"] == "" and tri["held-out + edge fragments WER %"] == ""
-
-
-def test_an_adapted_network_is_described_by_its_source() -> None:
-    """An adapted network has no training run: its row takes its source's (model, sizes, parameters) and says so."""
-    adapted = {"nnet.models.sa.type": "adapted", "nnet.models.sa.source": "dnn"}
-    runs = [
-        _run("nnet-dnn-train", 1, {"seconds": 60.0, "parameters": 12345},
-             {"nnet.models.dnn.type": "dnn", "nnet.models.dnn.objective": "hybrid", "nnet.models.dnn.hidden": "512"}),
-        _run("score-dnn-test", 2, {"wer": 0.02, "ser": 0.03, "rtf": 0.01}, adapted),
-        _run("score-sa-test", 3, {"wer": 0.01, "ser": 0.02, "rtf": 0.04}, adapted),
-    ]
-    header, body = table(system_rows(latest_by_stage(runs), ["dnn", "sa"], ["test"]), ["test"])
-    dnn, sa = (dict(zip(header, line)) for line in body)
-    assert dnn["objective"] == "hybrid"
-    assert sa["model"] == "dnn" and sa["objective"] == "hybrid, adapted to each test speaker from dnn"
-    assert sa["sizes"] == "hidden=512" and sa["parameters"] == "12,345" and sa["WER test"] == "1.00"
+    assert dnn["held-out WER %"] == "2.00"
+    assert tri["held-out WER %"] == ""

@@ -11,12 +11,10 @@ import pytest
 
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
-NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_frag", "dnn_mmi", "dnn_mmi_phone", "dnn_ft", "lstm", "cnn", "ctc",
-            "ctc_phone")  # trained (dnn_sp on speed-perturbed copies, dnn_fmllr on speaker-adapted features, dnn_frag
-# on them with edge fragments labelled as the filler, dnn_mmi with MMI against the decoding graph, dnn_mmi_phone against a phone LM, dnn_ft fine-tuned
-# from the dnn with MMI)
+# trained: dnn_sp on speed-perturbed copies, dnn_fmllr on fMLLR speaker-adapted features, dnn_mmi with MMI against
+# the decoding graph, dnn_mmi_phone against a phone LM, dnn_ft fine-tuned from the dnn with MMI
+NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_mmi", "dnn_mmi_phone", "dnn_ft", "lstm", "cnn", "ctc", "ctc_phone")
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
-ADAPTED = "dnn_sa"  # the dnn adapted to the test speaker when decoding (no training or tuning of its own)
 
 pytestmark = pytest.mark.workflow
 
@@ -75,7 +73,7 @@ def test_mlflow_runs(yesno_run: Path) -> None:
                          "fmllr-tri-train", "fmllr-sat-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"tune-{s}-train" for s in systems],
-                         *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in (*systems, ADAPTED)]}
+                         *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
     history = client.get_metric_history(runs["gmm-mono-train"].info.run_id, "mono.loglike_per_frame")
     assert len(history) == 40 and history[-1].value > history[1].value
     assert runs["score-tri-test"].data.metrics["wer"] == 0.0
@@ -92,8 +90,6 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     dnn = runs["nnet-dnn-train"].data  # trained by two learner processes passing the model round a ring
     assert dnn.tags["asrflow.strategy"] == "ring" and dnn.params["nnet.parallel.effective.learners"] == "2"
     assert dnn.metrics["mean_bytes_per_step"] > 0 and dnn.metrics["mean_t_calc"] > 0
-    adapted = runs[f"decode-{ADAPTED}-test"].data
-    assert adapted.params["nnet.adapt.source"] == "dnn" and adapted.metrics["speakers_adapted"] == 1
 
 
 def test_nothing_to_redo(yesno_run: Path) -> None:
@@ -115,7 +111,7 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "align", "fmllr", "graph", "graph_ctc",
-                                        "graph_filler", "decode", "nnet", "ensemble", "tune_gmm", "tune_nnet",
+                                        "decode", "nnet", "ensemble", "tune_gmm", "tune_nnet",
                                         "decode_nnet", "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
@@ -183,12 +179,6 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         assert tune["utterances"] == manifest["valid_utterances"] and tune["chosen"] in [
             {k: g[k] for k in tune["axes"]} for g in tune["grid"]]
-        # the edge-fragment check: every held-out utterance decoded again, pieces at its silent edges
-        check = tune["edge_fragments"]
-        assert [u["utterance"] for u in check["utterances"]] == sorted(u["utterance"] for u in check["utterances"])
-        assert len(check["utterances"]) == tune["utterances"] and check["errors"] >= check["ins"] >= 0
-        assert all(u["before"] <= 30 and u["after"] <= 30 for u in check["utterances"]), check
-        assert sum(u["before"] + u["after"] for u in check["utterances"]) >= 5 * len(check["utterances"]), check
         assert (res / "tune" / "train" / system / "lang" / "G.fst").is_file()  # the LM without the held-out texts
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
@@ -200,20 +190,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert list(adapted["splits"]) == ["train", "test"] and adapted["dim"] == 39  # no network reads train_sp adapted
     assert all(s["adapted"] == s["speakers"] == 1 for s in adapted["splits"].values())
     assert json.loads((res / "nnet" / "train" / "dnn_fmllr" / "manifest.json").read_text())["features"] == "fmllr"
-    # measured (docs/results.md): 1 error each, the insertion at the start of 1_1_1_1_0_1_0_0, 3 for ctc_phone, 0 for
-    # dnn_frag; the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
+    # docs/results/yesno.md: about 1 error each (an insertion at the start of 1_1_1_1_0_1_0_0, which opens inside a
+    # word), 3 for ctc_phone; the triphone GMM gets 0. Margin for the two-learner ring, whose updates depend on timing.
     assert all(e <= 4 for e in errors.values()), errors
     assert min(errors.values()) <= 1, errors
-    # the dnn shown word fragments at its training utterances' edges, labelled as the filler, covers the one at that
-    # file's start with the filler, which its graph admits at the edges and which writes nothing
-    filler = json.loads((res / "graph" / "train" / "tri_filler" / "manifest.json").read_text())
-    assert filler["edge_filler_cost"] == 0.0 and filler["states"] > 0
-    assert json.loads((res / "decode" / "dnn_frag" / "test" / "manifest.json").read_text())["graph"].endswith(
-        "graph/train/tri_filler")
-    assert "HCLG with the edge filler (cost 0)" in (res / "logs" / "tune.train.dnn_frag.log").read_text()
-    hyp_txt = res / "decode" / "dnn_frag" / "test" / "hyp.txt"
-    hyps = dict(line.split(" ", 1) for line in hyp_txt.read_text().splitlines())
-    assert hyps["1_1_1_1_0_1_0_0"] == "yes yes yes yes no yes no no", hyps["1_1_1_1_0_1_0_0"]
     ensemble = json.loads((res / "nnet" / "train" / ENSEMBLE / "manifest.json").read_text())
     members = [json.loads((res / "nnet" / "train" / m / "manifest.json").read_text()) for m in ("dnn", "lstm", "cnn")]
     assert ensemble["members"] == ["dnn", "lstm", "cnn"] and ensemble["parameters"] == sum(
@@ -221,11 +201,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     summary = json.loads((res / "score" / ENSEMBLE / "test.json").read_text())
     assert summary["n_ref_words"] == 232 and summary["errors"] <= 2 and 0 < summary["rtf"] < 0.05, summary
     table = (res / "compare" / "table.md").read_text()
-    for system in ("mono", "tri", *NETWORKS, ENSEMBLE, ADAPTED):
+    for system in ("mono", "tri", *NETWORKS, ENSEMBLE):
         assert f"| {system} |" in table
     assert "| dnn_sp | dnn | hybrid, speed-perturbed data |" in table and "| dnn | dnn | hybrid |" in table
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
-    assert "| dnn_frag | dnn | hybrid, speed-perturbed data, edge fragments (p=1, filler) |" in table
     assert "| dnn_mmi | dnn | hybrid, MMI (w=1) |" in table
     assert "MMI denominator (graph)" in (res / "logs" / "nnet.train.dnn_mmi.log").read_text()  # the tri HCLG
     assert "| dnn_mmi_phone | dnn | hybrid, MMI (w=1, phone LM 3) |" in table
@@ -234,35 +213,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     tuned = (res / "logs" / "nnet.train.dnn_ft.log").read_text()  # it starts where the dnn ended
     start = float(re.search(r"initial weights: held-out loss ([0-9.]+)", tuned).group(1))
     assert json.loads((res / "nnet" / "train" / "dnn_ft" / "manifest.json").read_text())["best_valid_loss"] <= start
-    assert f"| {ADAPTED} | dnn | hybrid, adapted to each test speaker from dnn |" in table
-    assert "| held-out WER % | held-out + edge fragments WER % |" in table
+    assert "| held-out WER % |" in table
     assert "| sat_fmllr | gmm-hmm (sat) | ML, speaker-adaptive training, fMLLR features |" in table
     assert (res / "compare" / "table.csv").read_text().startswith("system,model,objective,sizes,parallel,WER test")
     assert (res / "compare" / "training_curves.png").stat().st_size > 5000
-
-
-def test_the_adapted_network_decodes_twice(yesno_run: Path) -> None:
-    """dnn_sa: the dnn's first pass (the dnn's own decode, word for word), the dnn fine-tuned on it for the test
-    speaker, a second pass; the copies are not kept."""
-    res = yesno_run / "results" / "yesno"
-    folder = res / "decode" / ADAPTED / "test"
-    assert (folder / "first_pass.txt").read_text() == (res / "decode" / "dnn" / "test" / "hyp.txt").read_text()
-    decoded = json.loads((folder / "manifest.json").read_text())
-    tuned = json.loads((res / "tune" / "train" / "dnn" / "tune.json").read_text())["chosen"]
-    assert decoded["source"] == "dnn" and decoded["speakers_adapted"] == 1 and decoded["utterances"] == 29
-    assert all(decoded[k] == v for k, v in tuned.items()) and decoded["adaptation_seconds"] > 0
-    (speaker, report), = json.loads((folder / "adaptation.json").read_text())["speakers"].items()
-    assert report["adapted"] and report["utterances"] == 29 and 1 <= report["held_out"] < 29, report
-    assert report["rounds"] == 2  # yesno.yaml: fine-tuned on the first pass's best paths, then on the second's
-    assert report["changed"] == decoded["hypotheses_changed"] and not (folder / "speakers").exists()
-    log = (res / "logs" / f"decode.{ADAPTED}.test.log").read_text()
-    starts = re.findall(rf"{speaker}: initial weights: held-out loss ([0-9.]+)", log)
-    assert len(starts) == 2, log  # one fine-tuning per round, each from the dnn's weights
-    start = float(starts[-1])
-    assert report["held_out_loss"] <= start
-    summary = json.loads((res / "score" / ADAPTED / "test.json").read_text())
-    assert summary["n_ref_words"] == 232 and summary["errors"] <= 4 and 0 < summary["rtf"] < 0.5, summary
-    assert not (res / "nnet" / "train" / ADAPTED).exists() and not (res / "tune" / "train" / ADAPTED).exists()
 
 
 def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
@@ -297,8 +251,8 @@ def test_mlflow_pyfunc_model_transcribes_wav_files(yesno_run: Path) -> None:
             transcriber.close()
             assert not workdir.exists()
     # the test speaker's files together, normalised as one speaker's (the decode stage's CMVN): the decode stage's
-    # hypotheses, word for word; dnn_frag's model decodes through the graph with the edge filler
-    for system in ("dnn", "dnn_frag"):
+    # hypotheses, word for word
+    for system in ("dnn", "dnn_sp"):
         run = client.search_runs([experiment.experiment_id], f"tags.`asrflow.stage` = 'tune-{system}-train'")[0]
         model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
         decoded = read_table(res / "decode" / system / "test" / "hyp.txt")

@@ -1,14 +1,13 @@
 """Experiment configuration: load YAML, merge overlays, validate against the schema, fill defaults."""
 
 from asrflow.config.schema import (
-    ADAPTED_GMM_SYSTEMS,
+    FMLLR_SYSTEMS,
     GMM_SYSTEMS,
     SAT_SOURCES,
     ConfigError,
     load_config,
     model_alignments,
     model_cmvn,
-    model_edge_filler,
     model_features,
     model_train,
     resolve_config,
@@ -18,14 +17,13 @@ from asrflow.config.schema import (
 )
 
 __all__ = [
-    "ADAPTED_GMM_SYSTEMS",
+    "FMLLR_SYSTEMS",
     "GMM_SYSTEMS",
     "SAT_SOURCES",
     "ConfigError",
     "load_config",
     "model_alignments",
     "model_cmvn",
-    "model_edge_filler",
     "model_features",
     "model_train",
     "resolve_config",

@@ -161,29 +161,14 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(_explain(e, schema) for e in errors))
     if config["audio"]["min_duration"] >= config["audio"]["max_duration"]:
         raise ConfigError("config key 'audio.min_duration' must be below 'audio.max_duration'")
-    _check_corpus_blocks(config["corpus"])
     _check_systems(config)
     return config
 
 
-#: Recipes with a settings block of their own name (corpus.<recipe>, corpus.extra_training[].<recipe>)
-RECIPE_BLOCKS = ("espeak", "flite")
-
-
-def _check_corpus_blocks(corpus: Mapping[str, Any]) -> None:
-    """Recipe-specific settings sit only on a corpus of that recipe (an ``espeak`` block on an fsdd corpus is a slip)."""
-    entries = [("corpus", corpus)] + [(f"corpus.extra_training.{i}", e) for i, e in enumerate(corpus["extra_training"])]
-    for key, entry in entries:
-        for recipe in RECIPE_BLOCKS:
-            if recipe in entry and entry["name"] != recipe:
-                raise ConfigError(f"config key '{key}.{recipe}': only the {recipe} recipe reads it (this corpus is "
-                                  f"{entry['name']!r}; did you mean name: {recipe}?)")
-
-
 #: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; sat: speaker-adaptively trained)
 GMM_SYSTEMS = ("mono", "tri", "sat")
-#: GMM systems decoded with speaker-adapted features (rule fmllr; Kaldi's decode_fmllr.sh)
-ADAPTED_GMM_SYSTEMS = tuple(f"{g}_fmllr" for g in GMM_SYSTEMS)
+#: GMM systems decoded with fMLLR speaker-adapted features (rule fmllr; Kaldi's decode_fmllr.sh)
+FMLLR_SYSTEMS = tuple(f"{g}_fmllr" for g in GMM_SYSTEMS)
 #: Systems trained on another system's fMLLR-adapted features, and that system (Kaldi's train_sat.sh);
 #: they only make sense decoded with adapted features, as <system>_fmllr
 SAT_SOURCES = {"sat": "tri"}
@@ -197,27 +182,25 @@ def _check_systems(config: dict[str, Any]) -> None:
         if system in SAT_SOURCES:
             raise ConfigError(f"config key 'evaluation.systems': {system} is trained on speaker-adapted features "
                               f"and decodes them only: evaluate {system}_fmllr")
-        if system in GMM_SYSTEMS + ADAPTED_GMM_SYSTEMS:
-            if system in ADAPTED_GMM_SYSTEMS and "mfcc" not in config["features"]["kinds"]:
+        if system in GMM_SYSTEMS + FMLLR_SYSTEMS:
+            if system in FMLLR_SYSTEMS and "mfcc" not in config["features"]["kinds"]:
                 raise ConfigError(f"config key 'evaluation.systems': {system} adapts the GMM's MFCC features; "
                                   f"add mfcc to features.kinds")
             continue
         if system not in models:
-            hint = difflib.get_close_matches(system, [*evaluated_gmms, *ADAPTED_GMM_SYSTEMS, *models], n=1)
+            hint = difflib.get_close_matches(system, [*evaluated_gmms, *FMLLR_SYSTEMS, *models], n=1)
             raise ConfigError(f"config key 'evaluation.systems': {system!r} is neither a GMM system "
-                              f"({', '.join([*evaluated_gmms, *ADAPTED_GMM_SYSTEMS])}) nor "
+                              f"({', '.join([*evaluated_gmms, *FMLLR_SYSTEMS])}) nor "
                               f"a network in nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                               + f"; networks defined: {', '.join(models) or 'none'}")
     for name, model in models.items():
         _check_ensemble(name, model, models)
-        _check_adapted(name, model, models)
         _check_speed_perturb(config, name)
         _check_mmi(config, name)
-        _check_edge_filler(config, name)
         _check_init(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
-                             or models[study["system"]]["type"] in ("ensemble", "adapted")):
+                             or models[study["system"]]["type"] == "ensemble"):
         hint = difflib.get_close_matches(study["system"], list(models), n=1)
         raise ConfigError(f"config key 'nnet.parallel_study.system': {study['system']!r} is not a hybrid network in "
                           f"nnet.models" + (f" (did you mean {hint[0]!r}?)" if hint else "")
@@ -245,23 +228,13 @@ def _check_systems(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
 
 
-#: What an ``adapted`` network's fine-tuning changes in ``nnet.train`` before its own ``train`` overrides
-#: (its targets are first-pass hypotheses: a few epochs at a small rate, as fine-tuning does)
-ADAPT_TRAIN = {"epochs": 3, "lr": 0.0005, "schedule": "newbob", "warmup_steps": 1, "speed_perturb": False}
-#: ... and the nested sections it switches off (no copies, fragments or MMI graph for test speakers)
-ADAPT_OFF = {"edge_fragments": {"probability": 0.0}, "mmi": {"weight": 0.0}}
-
-
 def model_train(config: Mapping[str, Any], system: str) -> dict[str, Any]:
-    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides (an ``adapted`` network:
-    with :data:`ADAPT_TRAIN` and :data:`ADAPT_OFF` in between).
+    """``nnet.train`` overlaid with network ``system``'s own ``train`` overrides.
 
-    A nested section (``specaugment``, ``edge_fragments``) is overlaid key by key, so an override
+    A nested section (``specaugment``, ``mmi``) is overlaid key by key, so an override
     names only what it changes and the rest keeps ``nnet.train``'s values (and their defaults).
     """
     base = config["nnet"]["train"]
-    if config["nnet"]["models"][system]["type"] == "adapted":  # a few epochs at a small rate on first-pass labels
-        base = {**base, **ADAPT_TRAIN, **{k: {**base[k], **v} for k, v in ADAPT_OFF.items()}}
     merged = dict(base)
     for key, value in config["nnet"]["models"][system].get("train", {}).items():
         nested = isinstance(value, dict) and isinstance(base.get(key), dict)
@@ -288,17 +261,17 @@ def model_alignments(config: Mapping[str, Any], system: str) -> str:
 
 def _inherited(config: Mapping[str, Any], system: str, key: str) -> Any:
     """Network ``system``'s own ``key``, else ``nnet.<key>``; an ensemble's is its first member's (which all
-    members share), an adapted network's its source's."""
+    members share)."""
     if (other := _reads_as(config, system)) is not None:
         return _inherited(config, other, key)
     return config["nnet"]["models"][system].get(key, config["nnet"][key])
 
 
 def _reads_as(config: Mapping[str, Any], system: str) -> str | None:
-    """The network whose features and alignments network ``system`` takes: an ensemble's first member, an adapted
-    network's source (None for a network with its own, or a name not yet checked to exist)."""
+    """The network whose features and alignments network ``system`` takes: an ensemble's first member (None for
+    a network with its own, or a name not yet checked to exist)."""
     model = config["nnet"]["models"][system]
-    other = {"ensemble": (model.get("members") or [None])[0], "adapted": model.get("source")}.get(model["type"])
+    other = (model.get("members") or [None])[0] if model["type"] == "ensemble" else None
     return other if other in config["nnet"]["models"] else None
 
 
@@ -346,37 +319,6 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
 
 
-def _trains_filler(config: Mapping[str, Any], name: str) -> bool:
-    """Whether trained network ``name`` labels edge fragments with the filler (``edge_fragments.label: filler``)."""
-    fragments = model_train(config, name)["edge_fragments"]
-    return fragments["probability"] > 0 and fragments.get("label", "edge") == "filler"
-
-
-def model_edge_filler(config: Mapping[str, Any], system: str) -> float | None:
-    """The cost of the edge filler in network ``system``'s decoding graph (``nnet.decode.edge_filler_cost``)
-    when it is a hybrid trained with ``edge_fragments.label: filler`` (an ensemble: its members; an
-    adapted network: its source), else None (the graph without the filler)."""
-    if (other := _reads_as(config, system)) is not None:
-        return model_edge_filler(config, other)
-    if config["nnet"]["models"][system].get("objective", "hybrid") != "hybrid" or not _trains_filler(config, system):
-        return None
-    return config["nnet"]["decode"]["edge_filler_cost"]
-
-
-def _check_edge_filler(config: Mapping[str, Any], name: str) -> None:
-    """The filler label is a hybrid's, and an ensemble's members decode through one graph (all with the filler
-    or none)."""
-    model = config["nnet"]["models"][name]
-    if model["type"] == "ensemble":
-        if used := _members_differ(config, name, _trains_filler):
-            raise ConfigError(f"config key 'nnet.models.{name}.members': some members train with edge_fragments."
-                              f"label filler and some not ({', '.join(f'{m}: {v}' for m, v in used.items())}); "
-                              f"an ensemble decodes through one graph")
-    elif model["type"] != "adapted" and _trains_filler(config, name) and model.get("objective", "hybrid") != "hybrid":
-        raise ConfigError(f"config key 'nnet.models.{name}.train.edge_fragments.label': filler labels a hybrid's "
-                          f"frames; {name} is a {model['objective']} network (its fragments are blank)")
-
-
 def _check_init(config: Mapping[str, Any], name: str) -> None:
     """A network fine-tuned from another (``init``) starts from that network's weights: it names a trained
     network of the same shape (type, sizes, objective, units, features, alignments), and no chain of
@@ -394,8 +336,8 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
         raise ConfigError(f"{key}: {source!r} is not a network in nnet.models"
                           + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     other = models[source]
-    if other["type"] in ("ensemble", "adapted"):
-        raise ConfigError(f"{key}: {source!r} is an {other['type']} network; init names one trained network")
+    if other["type"] == "ensemble":
+        raise ConfigError(f"{key}: {source!r} is an ensemble; init names one trained network")
     differences = [what for what, mine, theirs in (
         ("type and sizes", network_config(model), network_config(other)),
         ("objective", model["objective"], other["objective"]),
@@ -459,38 +401,6 @@ def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) ->
         if other["type"] == "ensemble" or other["objective"] != "hybrid":
             raise ConfigError(f"{key}.members': {member!r} is not a hybrid network (ensembles combine the "
                               f"tied-state posteriors of hybrid networks trained on the same alignments)")
-
-
-def _check_adapted(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:
-    """An adapted network names one trained hybrid network or ensemble of ``models`` (its source); other types
-    name none."""
-    key = f"config key 'nnet.models.{name}"
-    if model["type"] != "adapted":
-        if "source" in model:
-            raise ConfigError(f"{key}.source': only an adapted network has a source (this is a {model['type']} "
-                              f"model)")
-        return
-    own = {"features", "alignments", "cmvn", "init", "parallel"} | {k for sizes in SIZES.values() for k in sizes}
-    own -= set(SIZES["adapted"])
-    extra = sorted(set(model) & own)
-    if extra:
-        raise ConfigError(f"{key}': an adapted network takes its shape, features, normalisation and GMM from its "
-                          f"source; {', '.join(extra)} not allowed (it has a source and train overrides)")
-    if "source" not in model:
-        raise ConfigError(f"{key}': an adapted network needs a source (a trained hybrid network of nnet.models)")
-    off = sorted(set(model.get("train", {})) & {"speed_perturb", *ADAPT_OFF})
-    if off:
-        raise ConfigError(f"{key}.train': {', '.join(off)} cannot be used in adapting to a test speaker (there are "
-                          f"no copies, fragments or MMI graph of its first-pass labels)")
-    source = model["source"]
-    other = models.get(source)
-    if other is None:
-        hint = difflib.get_close_matches(source, list(models), n=1)
-        raise ConfigError(f"{key}.source': {source!r} is not a network in nnet.models"
-                          + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-    if other["type"] == "adapted" or other["objective"] != "hybrid" or model["objective"] != "hybrid":
-        raise ConfigError(f"{key}.source': {source!r} is not a trained hybrid network or an ensemble of them "
-                          f"(adaptation fine-tunes tied-state outputs on their first-pass alignments)")
 
 
 def load_config(*paths: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

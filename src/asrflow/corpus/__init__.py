@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from asrflow.corpus.asterisk import Asterisk
 from asrflow.corpus.base import MIRROR_ENV, CorpusError, Listing, RawUtterance, Recipe
-from asrflow.corpus.espeak import Espeak
-from asrflow.corpus.flite import Flite
 from asrflow.corpus.fsdd import FSDD
 from asrflow.corpus.kaldi_dir import KaldiDir
 from asrflow.corpus.tsv import TsvFolder
 from asrflow.corpus.yesno import YesNo
 
-RECIPES = {"yesno": YesNo, "fsdd": FSDD, "asterisk": Asterisk, "kaldi_dir": KaldiDir, "tsv": TsvFolder,
-           "espeak": Espeak, "flite": Flite}
+RECIPES = {"yesno": YesNo, "fsdd": FSDD, "asterisk": Asterisk, "kaldi_dir": KaldiDir, "tsv": TsvFolder}
 
 
 def recipe_from_config(corpus: dict) -> Recipe:

@@ -15,16 +15,12 @@ from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_set
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.kaldi import kfst
-from asrflow.lang.graph import add_edge_filler, make_hclg, make_tlg, oov_word, read_symbols
+from asrflow.lang.graph import make_hclg, make_tlg
 
 
-def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path, log=print,
-               edge_filler: float | None = None) -> dict[str, Any]:
+def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path, log=print) -> dict[str, Any]:
     """Write ``HCLG.fst`` for the GMM in ``model_dir``, or ``TLG.fst`` (``model_dir`` None) for CTC
-    networks over the lang's non-silence phones; ``words.txt`` beside it. With ``edge_filler`` (a cost) the
-    HCLG's grammar admits the lang's OOV word, unwritten, before and after the sentence
-    (:func:`asrflow.lang.graph.add_edge_filler`): the graph of hybrids trained with ``edge_fragments.label:
-    filler``."""
+    networks over the lang's non-silence phones; ``words.txt`` beside it."""
     lang_dir, out = Path(lang_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -39,17 +35,12 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
         graph = make_tlg(lexicon, grammar, ints("nonsilence.int"), ints("disambig.int"), ints("silence.int"))
     else:
         name, model = "HCLG", GmmModel.load(model_dir)
-        if edge_filler is not None:
-            grammar = add_edge_filler(grammar, read_symbols(lang_dir / "words.txt")[oov_word(lang_dir)], edge_filler)
         graph = make_hclg(lexicon, grammar, model.tree, model.tm, ints("disambig.int"))
     graph.write(str(out / f"{name}.fst"))
     (out / "words.txt").write_text((lang_dir / "words.txt").read_text())
     info = {"states": graph.num_states, "seconds": round(time.perf_counter() - start, 3)}
-    if edge_filler is not None:
-        info["edge_filler_cost"] = edge_filler
     (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
-    filler = f" with the edge filler (cost {edge_filler:g})" if edge_filler is not None else ""
-    log(f"{name}{filler}: {info['states']} states in {info['seconds']} s")
+    log(f"{name}: {info['states']} states in {info['seconds']} s")
     return info
 
 
@@ -164,19 +155,12 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
 def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
                       feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
                       gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
-                      tuned: dict[str, float] | None = None, threads: int | None = None,
-                      log=print) -> dict[str, Any]:
-    """Decode split ``test`` with network ``system`` (see :func:`decode_network` for how each kind is searched;
-    an adapted network: :func:`asrflow.nnet.adapt.decode_adapted`, whose fine-tuning takes ``threads``).
+                      tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
+    """Decode split ``test`` with network ``system`` (see :func:`decode_network` for how each kind is searched).
 
     ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty,
     or LM weight and word bonus.
     """
-    if config["nnet"]["models"][system]["type"] == "adapted":
-        from asrflow.nnet.adapt import decode_adapted
-
-        return decode_adapted(config, system, net_dir, data_dir, feats_dir, lang_dir, test, out_dir, client,
-                              gmm_dir, graph_dir, tuned, threads=threads, log=log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shards = split_shards(data_dir, feats_dir, lang_dir, test, config["nnet"]["decode"]["shard_utts"], deltas=0,

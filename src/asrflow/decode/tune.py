@@ -22,13 +22,6 @@ estimated without them, over the other transcripts' words (so words only the hel
 utterances say are out of its vocabulary, as the test sets' unseen words are out of the
 lang's), and its own HCLG or TLG.
 
-Held-out utterances begin and end in clean silence, unlike files cut out of a longer
-recording, whose edges can fall inside a word their transcript does not name. With
-``nnet.decode.tune.edge_fragments`` the held-out utterances are decoded once more, with the
-chosen setting, each given the tail of a word before it and the onset of one after it (from
-held-out utterances of its speaker, cut at word boundaries of the GMM alignment, as
-``nnet.train.edge_fragments`` does in training); the errors this adds measure how readily a
-network turns a piece of a word into a word, without looking at the test sets.
 """
 
 from __future__ import annotations
@@ -97,7 +90,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     errors and WER, and the whole grid. The held-out utterances are decoded with an LM estimated
     without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
-    from asrflow.config import model_cmvn, model_edge_filler
+    from asrflow.config import model_cmvn
     from asrflow.decode.stage import decode_network, decoder_kind, make_graph
     from asrflow.nnet import NnetError
 
@@ -109,19 +102,15 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
 
     graph = graph_dir if kind == "prefix" else out / "graph"
 
-    filler = model_edge_filler(config, system) if kind == "hclg" else None
-
     def build_graph(lang: Path) -> None:
         if kind != "prefix":
-            make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log, edge_filler=filler)
+            make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log)
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
         return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc)[1]
 
-    check = tune["edge_fragments"]
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
                         data_dir, feats_dir, lang_dir, train_split, out, build_graph, decode, deltas=0,
-                        fragment_frames=check["max_frames"] if check["enabled"] else None, alignments=gmm_dir,
                         cmvn=model_cmvn(config, system), log=log)
 
 
@@ -152,15 +141,12 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
                  data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, train_split: str, out: Path,
                  build_graph: Callable[[Path], Any],
                  decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]], deltas: int = 0,
-                 fragment_frames: int | None = None, alignments: str | Path | None = None,
                  cmvn: str = "speaker", log=print) -> dict[str, Any]:
     """The grid search shared by networks and GMMs.
 
     ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph
     of the held-out LM's lang, and ``decode(lang, shards, points, desc)`` decodes ``shards`` once
-    per grid point through it (per shard, one result per point). With ``fragment_frames`` the
-    chosen setting is checked on the held-out utterances with word pieces of up to that many
-    frames at their edges, cut at the word boundaries of the GMM folder ``alignments``.
+    per grid point through it (per shard, one result per point).
     """
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
@@ -188,25 +174,12 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
             "words": sum(len(t.split()) for t in refs.values()), "oov_rate": oov_rate(refs.values(), vocabulary)[0],
             "axes": list(axes),
             "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
-    if fragment_frames is not None:
-        frag_shards, added = fragment_shards(shards, alignments, lang_dir, fragment_frames, config["seed"],
-                                             out / "edge_fragments")
-        hyps = hypotheses(decode(lang_dir, frag_shards, [points[best]], f"tune-{system}-edge-fragments"), 0)
-        summary, _ = score_corpus(refs, hyps)
-        info["edge_fragments"] = {"max_frames": fragment_frames, "errors": summary["errors"],
-                                  "wer": summary["wer"], "ins": summary["ins"], "utterances": [
-                                      {**a, "reference": refs[a["utterance"]], "hypothesis": hyps.get(a["utterance"], "")}
-                                      for a in added]}
     (out / "tune.json").write_text(json.dumps(info, indent=2) + "\n")
     (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
         "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
     log(f"{system}: {len(points)} decoder settings on {info['utterances']} held-out utterances "
         f"({info['words']} words, {100 * info['oov_rate']:.1f} % out of the tuning LM's vocabulary): errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
         f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")
-    if "edge_fragments" in info:
-        frag = info["edge_fragments"]
-        log(f"{system}: the same utterances with word fragments at their edges (up to {frag['max_frames']} frames): "
-            f"{frag['errors']} errors ({frag['ins']} insertions), WER {100 * frag['wer']:.2f} %")
     return info
 
 
@@ -232,39 +205,6 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     vocabulary = {w for t in texts for w in t.split()}
     write_grammar(texts, sorted(vocabulary), config["lang"]["lm_order"], out)
     return out, vocabulary
-
-
-def fragment_shards(shards: list, ali_dir: str | Path | None, lang_dir: str | Path, max_frames: int, seed: int,
-                    out_dir: Path) -> tuple[list, list[dict[str, Any]]]:
-    """``shards`` with every utterance given a word fragment at each edge that lies in silence.
-
-    The pieces come from the utterances of the same speaker in ``shards``, itself included (any
-    utterance when a speaker has one), drawn from ``seed``; their features are written to ``out_dir/feats.ark``. Returns the
-    new shards and, per utterance, the frames added before and after it.
-    """
-    from dataclasses import replace
-
-    import torch
-
-    from asrflow.features.ark import load, write_ark
-    from asrflow.nnet.fragments import EdgeFragments, alignment_speech
-
-    items = [(utt, spk, value) for s in shards for utt, spk, value in zip(s.utts, s.speakers, s.feats)]
-    feats = [(utt, torch.tensor(load(value), dtype=torch.float32), None) for utt, _, value in items]
-    speech = alignment_speech(ali_dir, lang_dir, "--gmm (or nnet.decode.tune.edge_fragments.enabled: false)")
-    fragments = EdgeFragments([(utt, spk) for utt, spk, _ in items], speech, 1.0, max_frames, frame_targets=False)
-    rng = np.random.default_rng(seed)
-    extended, added = [], []
-    for utt, matrix, _ in feats:
-        head, tail = fragments.pieces(feats, utt, rng)
-        parts = [p for p in (head, matrix, tail) if p is not None]
-        extended.append((utt, torch.cat(parts).numpy()))
-        added.append({"utterance": utt, "before": 0 if head is None else len(head),
-                      "after": 0 if tail is None else len(tail)})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ark = (out_dir / "feats.ark").resolve()
-    values = dict(line.split(" ", 1) for line in write_ark(ark, extended))
-    return [replace(s, key=f"{ark}/{i}", feats=tuple(values[u] for u in s.utts)) for i, s in enumerate(shards)], added
 
 
 def tuned_settings(tune_dir: str | Path | None) -> dict[str, float]:

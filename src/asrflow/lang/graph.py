@@ -25,11 +25,6 @@ def read_symbols(path: str | Path) -> dict[str, int]:
     return table
 
 
-def oov_word(lang_dir: str | Path) -> str:
-    """The word a lang folder maps unknown words to (``oov.txt``)."""
-    return (Path(lang_dir) / "oov.txt").read_text(encoding="utf-8").split()[0]
-
-
 def compile_text_fst(text: str, isyms: dict[str, int], osyms: dict[str, int]):
     """Compile an FST from text with symbolic labels (``src dst ilabel olabel [weight]``)."""
     lines = []
@@ -47,35 +42,6 @@ def compile_grammar(arpa: str | Path, words_txt: str | Path):
     grammar = kfst.compile(text)
     kfst.arcsort(grammar, sort_type="ilabel")
     return grammar
-
-
-def add_edge_filler(grammar, word: int, cost: float):
-    """A copy of ``grammar`` that lets one ``word`` (read, not output: its output label is ε) come before the
-    sentence and one after it, each at ``cost`` on top of the LM's.
-
-    With ``word`` the lang's OOV word, whose pronunciation is the filler phone (SPN), the
-    decoder can cover a piece of a word at an utterance's edge (a file cut out of a longer
-    recording) with that phone instead of a word, and writes nothing for it; inside the
-    sentence the LM stays as it was. A new start state repeats the old one's arcs and adds the
-    filler arc to it; every final state gets a filler arc to a new final state.
-    """
-    finals = [(s, float(grammar.final(s).value)) for s in range(grammar.num_states)
-              if grammar.final(s) != kfst.TropicalWeight.zero]
-    out = map_arcs(grammar, lambda a: a)
-    old_start = out.start
-    start, end = out.add_state(), out.add_state()
-    arcs = kfst.ArcIterator(grammar, old_start)
-    while not arcs.done:
-        out.add_arc(start, arcs.value)
-        arcs.next()
-    out.set_final(start, grammar.final(old_start))
-    out.add_arc(start, kfst.StdArc(word, 0, kfst.TropicalWeight(cost), old_start))
-    for state, weight in finals:
-        out.add_arc(state, kfst.StdArc(word, 0, kfst.TropicalWeight(cost + weight), end))
-    out.set_final(end, kfst.TropicalWeight.one)
-    out.start = start
-    kfst.arcsort(out, sort_type="ilabel")
-    return out
 
 
 def make_hclg(lexicon_disambig, grammar, tree, trans_model, disambig_phones: list[int],

@@ -73,7 +73,6 @@ class FeatureDataset(torch.utils.data.Dataset):
             self.items.append((utt, scp[utt], utt2spk[utt], frames[utt]))
         self.targets = targets
         self.frame_targets = frame_targets
-        self.fragments = None  # an EdgeFragments (nnet/fragments.py) that training batches pass through
 
     def __len__(self) -> int:
         return len(self.items)

@@ -25,11 +25,9 @@ def decode_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
                          insertion_penalty=nnet_decode["insertion_penalty"])
 
 
-def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8,
-               added: np.ndarray | None = None) -> np.ndarray:
-    """Log prior of each pdf from the training alignment counts, plus ``added`` frames per pdf (those an
-    augmentation labels, e.g. edge fragments: the frequencies the network is trained on)."""
-    counts = np.zeros(num_pdfs) if added is None else np.asarray(added, dtype=np.float64).copy()
+def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8) -> np.ndarray:
+    """Log prior of each pdf from the training alignment counts."""
+    counts = np.zeros(num_pdfs)
     for t in targets.values():
         counts += np.bincount(t, minlength=num_pdfs)
     return np.log(np.maximum(counts / counts.sum(), floor))

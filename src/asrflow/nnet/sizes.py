@@ -15,12 +15,11 @@ SIZES: dict[str, dict[str, Any]] = {
     "cnn": {"channels": [32, 32], "tdnn_dim": 384, "tdnn_dilations": [1, 2, 3, 3], "subsampling": 1,
             "dropout": 0.1},
     "ensemble": {"members": [], "combine": "log_linear"},
-    "adapted": {"rounds": 1},  # a trained network (source) fine-tuned to each test speaker at decoding time
 }
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
 NON_SIZE_KEYS = ("type", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments",
-                 "cmvn", "init", "source")
+                 "cmvn", "init")
 
 
 def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from asrflow.data.datadir import own_texts, read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
-from asrflow.nnet.fragments import EdgeFragments, alignment_speech, filler_pdf
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.sizes import network_config
@@ -138,9 +137,6 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     if model["type"] == "ensemble":
         raise NnetError(f"{system!r} is an ensemble of trained networks: `asrflow ensemble` assembles it from "
                         f"{', '.join(model['members'])}; it is not trained")
-    if model["type"] == "adapted":
-        raise NnetError(f"{system!r} is {model['source']!r} adapted to each test speaker: `asrflow decode` makes it "
-                        f"when decoding; it is not trained")
     data_dir = Path(data_dir)
     perturbed = model_train(config, system)["speed_perturb"]
     source = perturbed_split(train_split) if perturbed else train_split
@@ -167,30 +163,7 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
                               cmvn=model_cmvn(config, system))
 
     train_set, valid_set = dataset(source, train_utts), dataset(train_split, valid_utts)
-    fragments = model_train(config, system)["edge_fragments"]
-    if fragments["probability"] > 0:
-        train_set.fragments = edge_fragments(train_set, alignments if perturbed else gmm_dir, lang_dir, fragments,
-                                             targets.frame_level, "--alignments" if perturbed else "--gmm",
-                                             gmm_dir)
-        if train_set.fragments.label is not None:  # the priors count the filler frames the network is trained on
-            added = train_set.fragments.expected_frames(targets.labels, targets.num_classes)
-            targets.extra["priors"] = torch.from_numpy(pdf_priors(targets.labels, targets.num_classes, added=added))
     return targets, train_set, valid_set, {**train_set.rejected, **valid_set.rejected}
-
-
-def edge_fragments(train_set: FeatureDataset, ali_dir: str | Path | None, lang_dir: str | Path | None,
-                   settings: dict[str, Any], frame_targets: bool = True, source: str = "--gmm",
-                   gmm_dir: str | Path | None = None) -> EdgeFragments:
-    """The edge-fragment augmentation of ``train_set`` (``nnet.train.edge_fragments``), its word spans from the
-    frame phones of the alignments in ``ali_dir`` (the option ``source``) and the silence phones of ``lang_dir``;
-    with ``label: filler`` a hybrid's fragment frames are labelled with the pdf of the lang's OOV phone in the
-    GMM of ``gmm_dir`` (:func:`asrflow.nnet.fragments.filler_pdf`)."""
-    utterances = [(utt, spk) for utt, _, spk, _ in train_set.items]
-    label = None
-    if frame_targets and settings.get("label", "edge") == "filler":
-        label = filler_pdf(gmm_dir, lang_dir)
-    return EdgeFragments(utterances, alignment_speech(ali_dir, lang_dir, source), settings["probability"],
-                         settings["max_frames"], frame_targets, label)
 
 
 def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,

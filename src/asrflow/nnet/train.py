@@ -55,7 +55,6 @@ class TrainOptions:
     amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
     chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
     specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
-    edge_fragments: dict = field(default_factory=dict)  # probability, max_frames (nnet/fragments.py)
     mmi: dict = field(default_factory=dict)  # weight, acoustic_scale, denominator, phone_lm_order (nnet/mmi.py; 0: off)
     prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
     deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
@@ -154,11 +153,7 @@ def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: TrainOp
                 rank: int, index: int, pin: bool = False) -> dict:
     """Training batch ``index`` of an epoch, on the CPU: read, padded, augmented (draws seeded by
     seed/epoch/batch/rank, so the same whenever it is made) and cut into chunks; pinned for a GPU."""
-    items = [dataset[i] for i in batches[index]]
-    if dataset.fragments is not None:
-        draws = np.random.default_rng([opts.seed, epoch, index, rank, 1])
-        items = [dataset.fragments.apply(dataset, item, draws) for item in items]
-    batch = collate(items)
+    batch = collate([dataset[i] for i in batches[index]])
     if any(opts.specaugment.get(k) for k in ("freq_masks", "time_masks", "freq_warp")):
         key = np.random.SeedSequence([opts.seed, epoch, index, rank]).generate_state(1)[0]
         draws = torch.Generator().manual_seed(int(key))

@@ -3,8 +3,7 @@
 One row per system: the settings that differ between systems, WER and SER on each test
 set (and the mean over leave-one-speaker-out folds when there are any), training time and
 throughput on the first test set's training split, mean decoding RTF and parameter count; for
-networks, the WER of the tune stage on their held-out utterances, plain and with word
-fragments at their edges (``nnet.decode.tune.edge_fragments``). The model,
+networks, the WER of the tune stage on their held-out utterances. The model,
 objective and size settings come from the training run's params, so two experiments that
 differ only in a network's width show it in the table.
 """
@@ -24,7 +23,7 @@ from asrflow.tracking.query import RunRecord
 GMM_SIZES = {"mono": ("gaussians",), "tri": ("leaves", "gaussians"), "sat": ("leaves", "gaussians")}
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 #: the tune stage's figures (held-out utterances, the chosen decoder setting), as columns
-TUNED_COLUMNS = {"held_out_wer": "held-out WER %", "fragment_wer": "held-out + edge fragments WER %"}
+TUNED_COLUMNS = {"held_out_wer": "held-out WER %"}
 NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
               "subsampling", "units", "vocab_size", "members", "combine")
 
@@ -41,7 +40,6 @@ class SystemRow:
     frames_per_second: float | None = None  # training throughput (networks)
     frame_accuracy: float | None = None  # best held-out frame accuracy (hybrid networks)
     held_out_wer: float | None = None  # the tune stage's: its held-out utterances, with the chosen setting
-    fragment_wer: float | None = None  # the same utterances with word fragments at their edges
     step_times: dict[str, float] = field(default_factory=dict)  # mean t_calc, t_transmit, t_merge, bytes (learners > 1)
     run_id: str | None = None  # the training run (for its curves)
 
@@ -65,7 +63,6 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
              and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
-    objective += _fragments_label(params.get("nnet.effective.edge_fragments", "{}"))
     objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
     if params.get("nnet.effective.init", "none") != "none":
         objective += f", fine-tuned from {params['nnet.effective.init']}"
@@ -79,22 +76,14 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
 
 
 def _switched_on(param: str, key: str, label: str, symbol: str) -> str:
-    """``, <label> (<symbol>=…)`` when a training run's logged setting (a dict, e.g. ``edge_fragments``
-    with its ``probability``, ``mmi`` with its ``weight``) has ``key`` on, else ""."""
+    """``, <label> (<symbol>=…)`` when a training run's logged setting (a dict, e.g. ``mmi`` with its
+    ``weight``) has ``key`` on, else ""."""
     try:
         value = ast.literal_eval(param)
     except (ValueError, SyntaxError):
         return ""
     on = value.get(key, 0) if isinstance(value, dict) else 0
     return f", {label} ({symbol}={on:g})" if on else ""
-
-
-def _fragments_label(param: str) -> str:
-    """``, edge fragments (p=…)``, with ``, filler`` when they are labelled with the filler, when they are on, else ""."""
-    label = _switched_on(param, "probability", "edge fragments", "p")
-    if label and ast.literal_eval(param).get("label") == "filler":
-        label = label[:-1] + ", filler)"
-    return label
 
 
 def _mmi_label(param: str) -> str:
@@ -128,22 +117,17 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
     rows = []
     main_train = train_split(tests[0])
     for system in systems:
-        source = _adapted_source(system, [run for t in tests if (run := latest.get(f"score-{system}-{t}"))])
-        network = source or system  # an adapted network was trained as its source
         training = (latest.get(f"gmm-{system.removesuffix('_fmllr')}-{main_train}")
-                    or latest.get(f"nnet-{network}-{main_train}"))
-        row = SystemRow(system, _settings(network, training.params) if training else {})
-        if source and row.settings:
-            row.settings["objective"] += f", adapted to each test speaker from {source}"
+                    or latest.get(f"nnet-{system}-{main_train}"))
+        row = SystemRow(system, _settings(system, training.params) if training else {})
         if training:
             row.train_seconds = training.metrics.get("seconds")
             row.parameters = training.metrics.get("parameters")
             row.frames_per_second = training.metrics.get("mean_frames_per_second")
             row.run_id = training.run_id
             row.frame_accuracy = training.metrics.get("best_valid_frame_accuracy")
-            if tune := latest.get(f"tune-{network}-{main_train}"):
+            if tune := latest.get(f"tune-{system}-{main_train}"):
                 row.held_out_wer = tune.metrics.get("held_out_wer")
-                row.fragment_wer = tune.metrics.get("edge_fragment_wer")
             if training.params.get("nnet.parallel.effective.learners", "1") != "1":
                 row.step_times = {k: training.metrics[f"mean_{k}"] for k in PARALLEL_TIMES
                                   if f"mean_{k}" in training.metrics}
@@ -157,15 +141,6 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
                 row.rtf.append(score.metrics["rtf"])
         rows.append(row)
     return rows
-
-
-def _adapted_source(system: str, runs: list[RunRecord]) -> str | None:
-    """The network an adapted network (``type: adapted``) fine-tunes per test speaker, from the resolved config
-    its runs logged; None for any other system."""
-    for run in runs:
-        if run.params.get(f"nnet.models.{system}.type") == "adapted":
-            return run.params.get(f"nnet.models.{system}.source")
-    return None
 
 
 def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list[str]]]:
