@@ -1,7 +1,7 @@
 """The one place that imports the Kaldi Python wheels, in the order that works.
 
-Importing kaldifst, kaldilm or kaldi_decoder before kaldi_hmm_gmm hangs (see
-``shared/notes/kaldi-wheels.md``); every asrflow module takes them from here::
+Importing kaldifst, kaldilm or kaldi_decoder before kaldi_hmm_gmm hangs (the wheels bundle
+different builds of OpenFst); every asrflow module takes them from here::
 
     from asrflow.kaldi import khg, kfst
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import kaldi_hmm_gmm as khg  # noqa: I001  (must come first)
 import _kaldi_hmm_gmm as khg_ext  # loaded by kaldi_hmm_gmm; holds mle_diag_gmm_update
+import kaldi_hmm_gmm as khg  # noqa: I001  (must come first)
 import kaldifst as kfst
 import kaldilm
 

@@ -17,10 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrflow.config import (FMLLR_SYSTEMS, GMM_SYSTEMS, SAT_SOURCES, ConfigError, model_alignments,
-                            model_features, model_train, resolve_config, section_fingerprint, write_resolved)
+from asrflow.config import (
+    FMLLR_SYSTEMS,
+    GMM_SYSTEMS,
+    SAT_SOURCES,
+    ConfigError,
+    model_alignments,
+    model_features,
+    model_train,
+    resolve_config,
+    section_fingerprint,
+    write_resolved,
+)
 from asrflow.config.schema import reapply_replaced
-from asrflow.data.perturb import perturbed_split
 
 #: Config sections (dotted) each stage reads; ``{kind}`` is the feature kind.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {

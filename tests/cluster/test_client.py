@@ -29,9 +29,8 @@ def test_attach_to_existing_scheduler_and_keep_order() -> None:
 
 def test_address_mode_needs_an_address() -> None:
     cfg = {"cluster": "address", "address": None, "workers": None, "host": "127.0.0.1", "dashboard": False}
-    with pytest.raises(ValueError, match="dask.address"):
-        with dask_client(cfg):
-            pass
+    with pytest.raises(ValueError, match="dask.address"), dask_client(cfg):
+        pass
 
 
 def _pid(_: object) -> int:

@@ -280,8 +280,15 @@ def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
 def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path) -> None:
     """sat: a GMM trained on fmllr/<train>/tri from the tri alignments, adapted from the tri's transforms,
     decoded as sat_fmllr; a network with alignments: sat trains on its targets and (fmllr) features."""
-    from asrflow.workflow import (fmllr_inputs, gmm_decode_inputs, gmm_inputs, gmm_tune_inputs, nnet_inputs,
-                                  results_dir, stage_fingerprint)
+    from asrflow.workflow import (
+        fmllr_inputs,
+        gmm_decode_inputs,
+        gmm_inputs,
+        gmm_tune_inputs,
+        nnet_inputs,
+        results_dir,
+        stage_fingerprint,
+    )
 
     models = {"dnn": {"type": "dnn", "features": "fmllr"}, "dnn_sat": {"type": "dnn", "features": "fmllr",
                                                                        "alignments": "sat"}}

@@ -36,7 +36,7 @@ def build_faulty_corpus(root: Path) -> Path:
     header_only = full[:44]
     (audio / "nosamples.wav").write_bytes(header_only[:40] + struct.pack("<I", 0))
     lines = [
-        "path\ttext\tspeaker".encode(),
+        b"path\ttext\tspeaker",
         b"good1.wav\tHello world\tspk1",
         b"good2.wav\tPress 1, please!\tspk1",
         f"{ODD_NAME}\tquoted file\tspk2".encode(),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from asrflow.decode.ctc import SearchOptions, prefix_beam_search
-from asrflow.lang.lm import KneserNeyLM, ArpaLM
+from asrflow.lang.lm import ArpaLM, KneserNeyLM
 
 PIECES = ["<blank>", "\u2581a", "b", "\u2581c"]
 STARTS = np.array([False, True, False, True])

@@ -13,15 +13,16 @@ import pytest
 import soundfile as sf
 
 from asrflow.cluster import dask_client
-from asrflow.data.stage import prepare_data
-from asrflow.features.stage import extract_features
+from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_table
-from asrflow.gmm.shards import split_shards
+from asrflow.data.stage import prepare_data
 from asrflow.decode.stage import make_graph
-from asrflow.features.ark import read_scp, load
+from asrflow.features.ark import load, read_scp
+from asrflow.features.stage import extract_features
 from asrflow.gmm import fmllr
 from asrflow.gmm.adapt import adapt_splits, read_transforms
 from asrflow.gmm.estep import features
+from asrflow.gmm.shards import split_shards
 from asrflow.gmm.stage import align_split, read_alignments, write_alignments
 from asrflow.gmm.train import train_mono, train_tri
 from asrflow.lang.stage import prepare_lang
@@ -140,8 +141,9 @@ def test_fmllr_features_of_training_copies_and_test_speakers(yesno, dask_client_
     align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
                 tmp_path / "align", dask_client_1, log=QUIET)
     out = tmp_path / "fmllr"
-    manifest = adapt_splits(config, "mono", "train", tmp_path / "mono", tmp_path / "graph", root / "data",
-                            root / "mfcc", lang, out, dask_client_1, align_dir=tmp_path / "align", log=QUIET)
+    paths = Paths(out=out, data=root / "data", features=root / "mfcc", lang=lang, gmm=tmp_path / "mono",
+                  graph=tmp_path / "graph", alignments=tmp_path / "align")
+    manifest = adapt_splits(config, "mono", "train", paths, dask_client_1, log=QUIET)
     splits = manifest["splits"]
     assert list(splits) == ["train", "train_sp", "test"]
     assert [splits[s]["utterances"] for s in splits] == [31, 93, 29]
@@ -173,8 +175,9 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
     mono.model.save(tmp_path / "mono")
     write_alignments(tmp_path / "mono" / "ali", mono.model, mono.alignments, lang / "phones.txt")
     make_graph(lang, tmp_path / "mono", tmp_path / "graph_mono", log=QUIET)
-    adapt_splits(config, "mono", "train", tmp_path / "mono", tmp_path / "graph_mono", root / "data", root / "mfcc",
-                 lang, tmp_path / "fmllr_mono", dask_client_1, log=QUIET)
+    mfcc = Paths(out=tmp_path / "fmllr_mono", data=root / "data", features=root / "mfcc", lang=lang)
+    adapt_splits(config, "mono", "train", mfcc.replace(gmm=tmp_path / "mono", graph=tmp_path / "graph_mono"),
+                 dask_client_1, log=QUIET)
     adapted_shards = split_shards(root / "data", tmp_path / "fmllr_mono", lang, "train", 4, deltas=0)
     assert features(adapted_shards[0])[0].shape[1] == 39  # adapted MFCC+Δ+ΔΔ, used as they are
     sat = train_tri(config, adapted_shards, lang, mono.model, mono.alignments, dask_client_1, lambda *_: None, QUIET,
@@ -184,8 +187,9 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
     write_alignments(tmp_path / "sat" / "ali", sat.model, sat.alignments, lang / "phones.txt")
     make_graph(lang, tmp_path / "sat", tmp_path / "graph_sat", log=QUIET)
     out = tmp_path / "fmllr_sat"
-    manifest = adapt_splits(config, "sat", "train", tmp_path / "sat", tmp_path / "graph_sat", root / "data",
-                            root / "mfcc", lang, out, dask_client_1, init_dir=tmp_path / "fmllr_mono", log=QUIET)
+    manifest = adapt_splits(config, "sat", "train", mfcc.replace(out=out, gmm=tmp_path / "sat",
+                                                                graph=tmp_path / "graph_sat",
+                                                                init=tmp_path / "fmllr_mono"), dask_client_1, log=QUIET)
     assert manifest["started_from"] == str(tmp_path / "fmllr_mono")
     assert all(g > 0 for s in manifest["splits"].values() for g in s["gain_per_frame_by_pass"][:1])
     for split in ("train", "test"):

@@ -96,11 +96,12 @@ def test_chunks_keep_every_frame_and_target() -> None:
 def test_spec_augment_masks_bands_and_spans_reproducibly() -> None:
     import torch
 
+    from asrflow.config.settings import SpecAugment
     from asrflow.nnet.data import spec_augment
 
     feats = torch.ones(2, 100, 40)
     lengths = torch.tensor([100, 60])
-    settings = {"freq_masks": 2, "freq_width": 8, "time_masks": 2, "time_width": 20}
+    settings = SpecAugment(freq_masks=2, freq_width=8, time_masks=2, time_width=20, freq_warp=0.0)
     out = spec_augment(feats, lengths, settings, torch.Generator().manual_seed(3))
     again = spec_augment(feats, lengths, settings, torch.Generator().manual_seed(3))
     assert torch.equal(out, again) and torch.equal(feats, torch.ones(2, 100, 40))  # same draws; input untouched
@@ -109,13 +110,14 @@ def test_spec_augment_masks_bands_and_spans_reproducibly() -> None:
     assert 0 < masked_bins <= 16 and masked_frames <= 40
     assert (out[1, 60:] == 1).all()  # padding is not masked
     assert (out[1, :60] == 0).all(dim=1).sum() <= 2 * 12  # spans at most a fifth of the utterance
-    off = {"freq_masks": 0, "freq_width": 8, "time_masks": 0, "time_width": 20}
+    off = settings.replace(freq_masks=0, time_masks=0)
     assert torch.equal(spec_augment(feats, lengths, off, torch.Generator()), feats)
 
 
 def test_frequency_warp_stretches_the_bins() -> None:
     import torch
 
+    from asrflow.config.settings import SpecAugment
     from asrflow.nnet.data import spec_augment, warp_bins
 
     ramp = torch.arange(10.0).repeat(4, 1)
@@ -123,7 +125,7 @@ def test_frequency_warp_stretches_the_bins() -> None:
     assert torch.allclose(warp_bins(ramp, 0.5)[0], torch.arange(10.0) * 0.5)
     assert torch.allclose(warp_bins(ramp, 2.0)[0], torch.tensor([0.0, 2, 4, 6, 8, 9, 9, 9, 9, 9]))  # clamped at the top
     feats = torch.arange(40.0).repeat(2, 50, 1)
-    settings = {"freq_masks": 0, "freq_width": 8, "time_masks": 0, "time_width": 20, "freq_warp": 0.2}
+    settings = SpecAugment(freq_masks=0, freq_width=8, time_masks=0, time_width=20, freq_warp=0.2)
     out = spec_augment(feats, torch.tensor([50, 30]), settings, torch.Generator().manual_seed(0))
     factors = out[:, 0, 10] / 10
     assert ((factors > 0.8) & (factors < 1.2)).all() and not torch.allclose(factors[0], factors[1])

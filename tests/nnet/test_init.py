@@ -53,11 +53,12 @@ def test_a_fine_tuned_network_waits_for_the_one_it_starts_from() -> None:
 
 def _train(root: Path, labels: dict, out: str, lr: float, init: dict | None = None, epochs: int = 3) -> dict:
     """Train NET on the synthetic split in ``root`` into ``root/out``: the summary, the log lines, final.pt."""
+    from asrflow.config.settings import Training
     from asrflow.nnet.data import FeatureDataset
-    from asrflow.nnet.train import TrainOptions, train
+    from asrflow.nnet.train import train
 
     data = FeatureDataset(root / "data", root / "feats", "train", labels)
-    opts = TrainOptions(epochs=epochs, max_frames=500, lr=lr, warmup_steps=2, patience=5, seed=1)
+    opts = Training.defaults(epochs=epochs, max_frames=500, lr=lr, warmup_steps=2, patience=5, seed=1)
     logged: list[str] = []
     summary = train(NET, opts, data, data, 4, root / out, log=logged.append, init=init)
     return {**summary, "log": logged, "final": torch.load(root / out / "final.pt", weights_only=True)}

@@ -141,8 +141,9 @@ def test_config_allows_mmi_for_whole_utterance_hybrids_only() -> None:
 
 
 def test_training_with_mmi_learns_and_logs_its_term(tmp_path: Path) -> None:
+    from asrflow.config.settings import Training
     from asrflow.nnet.data import FeatureDataset
-    from asrflow.nnet.train import TrainOptions, train
+    from asrflow.nnet.train import train
 
     labels = synthetic_split(tmp_path, utterances=24)
     # a class loop: any class may follow any other, each held for at least one frame
@@ -152,7 +153,7 @@ def test_training_with_mmi_learns_and_logs_its_term(tmp_path: Path) -> None:
     priors = torch.log(torch.full((4,), 0.25))
     data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
     logged: list[dict] = []
-    opts = TrainOptions(epochs=4, max_frames=500, lr=1e-2, warmup_steps=2, patience=5, seed=1,
+    opts = Training.defaults(epochs=4, max_frames=500, lr=1e-2, warmup_steps=2, patience=5, seed=1,
                         mmi={"weight": 1.0, "acoustic_scale": 0.5})
     summary = train({"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.0}, opts, data, data, 4,
                     tmp_path / "out", log_metrics=lambda step, m: logged.append(m), log=lambda *_: None,
@@ -164,14 +165,14 @@ def test_training_with_mmi_learns_and_logs_its_term(tmp_path: Path) -> None:
 
 
 def test_the_training_stage_asks_for_the_graph_only_with_mmi_on(tmp_path: Path) -> None:
+    from asrflow.config.settings import Training
     from asrflow.nnet import NnetError
     from asrflow.nnet.stage import mmi_criterion
-    from asrflow.nnet.train import TrainOptions
 
     priors = torch.zeros(3)
-    assert mmi_criterion(TrainOptions(mmi={"weight": 0.0, "acoustic_scale": 0.1}), "dnn", None, None, priors) is None
+    assert mmi_criterion(Training.defaults(mmi={"weight": 0.0, "acoustic_scale": 0.1}), "dnn", None, None, priors) is None
     with pytest.raises(NnetError, match="--graph"):
-        mmi_criterion(TrainOptions(mmi={"weight": 1.0, "acoustic_scale": 0.1}), "dnn", tmp_path, None, priors)
+        mmi_criterion(Training.defaults(mmi={"weight": 1.0, "acoustic_scale": 0.1}), "dnn", tmp_path, None, priors)
 
 
 def test_phone_sequences_collapse_each_run_of_frames() -> None:
@@ -183,14 +184,14 @@ def test_phone_sequences_collapse_each_run_of_frames() -> None:
 
 
 def test_the_phone_lm_denominator_needs_the_lang_and_the_alignments(tmp_path: Path) -> None:
+    from asrflow.config.settings import Training
     from asrflow.nnet import NnetError
     from asrflow.nnet.phone_lm import phone_lm_graph
     from asrflow.nnet.stage import mmi_criterion
-    from asrflow.nnet.train import TrainOptions
 
     settings = {"weight": 1.0, "acoustic_scale": 0.1, "denominator": "phone_lm", "phone_lm_order": 3}
     with pytest.raises(NnetError, match="--lang"):
-        mmi_criterion(TrainOptions(mmi=settings), "dnn", tmp_path, tmp_path, torch.zeros(3))
+        mmi_criterion(Training.defaults(mmi=settings), "dnn", tmp_path, tmp_path, torch.zeros(3))
     with pytest.raises(FileNotFoundError, match="ali/phones.txt"):
         phone_lm_graph(tmp_path, tmp_path, None, 3)
     (tmp_path / "ali").mkdir()

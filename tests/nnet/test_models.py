@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from asrflow.config.sizes import SIZES
 from asrflow.nnet.models import MODELS, build_model, parameter_count, splice
-from asrflow.nnet.sizes import SIZES
 
 CONFIGS = [
     {"type": "dnn", "hidden": 64, "layers": 2, "context": 3},

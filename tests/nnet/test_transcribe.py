@@ -21,6 +21,7 @@ def _cmvn_scp(folder) -> None:
 
 
 def test_bundle_carries_pooled_statistics_only_for_per_speaker_cmvn(tmp_path) -> None:
+    from asrflow.config.paths import Paths
     from asrflow.nnet.transcribe import bundle_files
 
     _cmvn_scp(tmp_path / "fbank")
@@ -29,8 +30,12 @@ def test_bundle_carries_pooled_statistics_only_for_per_speaker_cmvn(tmp_path) ->
                          evaluation={"systems": ["spk", "utt"]})
     for system in ("spk", "utt"):
         (tmp_path / system).mkdir()
-    spk = bundle_files(config, "spk", tmp_path / "spk", tmp_path / "fbank", "train", tmp_path, tmp_path, None)
-    utt = bundle_files(config, "utt", tmp_path / "utt", tmp_path / "fbank", "train", tmp_path, tmp_path, None)
+    def paths(system: str) -> Paths:
+        return Paths(data=tmp_path, features=tmp_path / "fbank", out=tmp_path / system, model=tmp_path / system,
+                     gmm=tmp_path, graph=tmp_path)
+
+    spk = bundle_files(config, "spk", "train", paths("spk"))
+    utt = bundle_files(config, "utt", "train", paths("utt"))
     np.testing.assert_allclose(np.load(spk["cmvn"]), [[5.0, 7.0, 9.0, 5.0], [8.0, 12.0, 23.0, 0.0]])
     assert "cmvn" not in utt and not (tmp_path / "utt" / "cmvn.npy").exists()  # each file its own mean
     assert [json.loads(open(b["settings"]).read())["cmvn"] for b in (spk, utt)] == ["speaker", "utterance"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asrflow.parallel.compress import (COMPRESSIONS, EightBit, ErrorFeedback, NoCompression, OneBit,
-                                       make_compressor)
+from asrflow.parallel.compress import COMPRESSIONS, EightBit, ErrorFeedback, NoCompression, OneBit, make_compressor
 
 SIZES = (1, 7, 8, 9, 1023, 1024, 1025, 5000)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from asrflow.config.settings import Training
 from asrflow.data.datadir import read_table
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset
-from asrflow.nnet.train import TrainOptions
 from asrflow.parallel.emulate import STRATEGIES, EmulationResult, emulate
 
 from ..nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
@@ -37,8 +37,8 @@ def toy(fbank) -> FeatureDataset:  # noqa: F811
     return FeatureDataset(fbank / "data", fbank / "fbank", "train", targets)
 
 
-def _opts(epochs: int = EPOCHS) -> TrainOptions:
-    return TrainOptions(epochs=epochs, max_frames=1200, lr=1e-2, schedule="newbob", warmup_steps=3, seed=3,
+def _opts(epochs: int = EPOCHS) -> Training:
+    return Training.defaults(epochs=epochs, max_frames=1200, lr=1e-2, schedule="newbob", warmup_steps=3, seed=3,
                         patience=100)
 
 

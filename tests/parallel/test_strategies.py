@@ -20,8 +20,9 @@ import json, sys
 from pathlib import Path
 import numpy as np
 from asrflow.nnet.data import FeatureDataset
-from asrflow.nnet.train import TrainOptions, train
-from asrflow.parallel.base import ParallelOptions
+from asrflow.config.settings import Training
+from asrflow.nnet.train import train
+from asrflow.config.settings import Parallel
 from asrflow.data.datadir import read_table
 
 root, out, runs = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
@@ -38,12 +39,12 @@ if hooks.get("stall_rank") is not None:  # a learner that hangs in its computati
 frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_frames").items()}
 targets = {u: (np.arange(n) * 4 // n) for u, n in frames.items()}  # 4 classes by position in the utterance
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
-opts = TrainOptions(epochs=hooks.get("epochs", 5), max_frames=1000, lr=3e-3, warmup_steps=5, checkpoint_every=4,
+opts = Training.defaults(epochs=hooks.get("epochs", 5), max_frames=1000, lr=3e-3, warmup_steps=5, checkpoint_every=4,
                     patience=50, seed=3)
 for name, settings in runs.items():
     summary = train({"type": "dnn", "hidden": 48, "layers": 2, "context": 2, "dropout": 0.0}, opts, data, data, 4,
                     out / name, log=lambda m: print("LOG", m, flush=True),
-                    parallel=ParallelOptions(**{"timeout": 120, **settings}))
+                    parallel=Parallel.defaults(**{"timeout": 120, **settings}))
     import torch.distributed as dist
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"{name}.{rank}.result.json").write_text(json.dumps({"name": name, "rank": rank, **{k: summary[k] for k in ("best_valid_loss", "best_valid_frame_accuracy",

@@ -125,13 +125,13 @@ def test_predict_command_prints_the_curve(capsys) -> None:
 
 
 def test_a_global_batch_is_split_over_the_learners_and_sequential_updates_scale_the_rate() -> None:
-    from asrflow.parallel.base import ParallelOptions
+    from asrflow.config.settings import Parallel
 
-    assert ParallelOptions(strategy="allreduce").learner_frames(4000, 2) == 2000
-    assert ParallelOptions(strategy="ring").learner_frames(4000, 1) == 4000
-    assert ParallelOptions(strategy="kavg", batch="learner").learner_frames(4000, 4) == 4000
-    assert ParallelOptions(strategy="ring").lr_factor(4) == 0.5 and ParallelOptions(strategy="asgd").lr_factor(1) == 1
-    assert ParallelOptions(strategy="adpsgd").lr_factor(4) == 1.0
-    assert ParallelOptions(strategy="asgd", stale_lr="linear").lr_factor(4) == 0.25
-    assert ParallelOptions(strategy="kavg", stale_lr="linear").lr_factor(4) == 1.0
-    assert ParallelOptions(strategy="ring", stale_lr="linear", batch="learner").lr_factor(4) == 1.0
+    assert Parallel.defaults(strategy="allreduce").learner_frames(4000, 2) == 2000
+    assert Parallel.defaults(strategy="ring").learner_frames(4000, 1) == 4000
+    assert Parallel.defaults(strategy="kavg", batch="learner").learner_frames(4000, 4) == 4000
+    assert Parallel.defaults(strategy="ring").lr_factor(4) == 0.5 and Parallel.defaults(strategy="asgd").lr_factor(1) == 1
+    assert Parallel.defaults(strategy="adpsgd").lr_factor(4) == 1.0
+    assert Parallel.defaults(strategy="asgd", stale_lr="linear").lr_factor(4) == 0.25
+    assert Parallel.defaults(strategy="kavg", stale_lr="linear").lr_factor(4) == 1.0
+    assert Parallel.defaults(strategy="ring", stale_lr="linear", batch="learner").lr_factor(4) == 1.0

@@ -42,7 +42,7 @@ def test_ser_speakers_oov_and_missing_hypothesis() -> None:
 
 def test_csid_counts_correct_words_beside_an_insertion() -> None:
     """Kaldi's #csid line: correct, substituted, inserted, deleted (an insertion is not a correct word)."""
-    score = align_words("yes yes no".split(), "yes yes yes no".split())
+    score = align_words(["yes", "yes", "no"], ["yes", "yes", "yes", "no"])
     assert format_alignment(score).splitlines()[-1].split()[-5:] == ["#csid", "3", "0", "1", "0"]
 
 

@@ -71,9 +71,8 @@ def test_failed_stage_is_marked_failed(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv(PARENT_ENV, raising=False)
     config = make_config(tmp_path)
-    with pytest.raises(RuntimeError):
-        with stage_run(config, "boom"):
-            raise RuntimeError("stage failed")
+    with pytest.raises(RuntimeError), stage_run(config, "boom"):
+        raise RuntimeError("stage failed")
     runs = _client(config).search_runs([_client(config).get_experiment_by_name("test").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]
 

@@ -50,7 +50,7 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
     assert scores["sat_fmllr"]["errors"] <= 1, scores["sat_fmllr"]  # trained on them (yesno: one speaker)
     sat = json.loads((res / "fmllr" / "train" / "sat" / "manifest.json").read_text())
     assert sat["started_from"] == "results/yesno/fmllr/train/tri" and sat["splits"]["test"]["adapted"] == 1
-    assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: see docs/results.md
+    assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: docs/results/yesno.md
     for system in scores:  # decoder settings tuned on the networks' held-out utterances (decode.tune)
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from asrflow.nnet.sizes import SIZES, complete_model_config, network_config
+from asrflow.config.sizes import complete_model_config, network_config
 from asrflow.parallel import overlap_conflict
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]

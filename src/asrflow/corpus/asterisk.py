@@ -37,7 +37,7 @@ class Asterisk:
     name: str = "asterisk"
 
     @classmethod
-    def from_config(cls, corpus: dict) -> "Asterisk":
+    def from_config(cls, corpus: dict) -> Asterisk:
         lang = corpus["language"]
         root = locate(f"asterisk/{lang}", corpus["path"], source(lang), corpus["download_dir"])
         return cls(root, lang)

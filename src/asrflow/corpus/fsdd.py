@@ -33,7 +33,7 @@ class FSDD:
     name: str = "fsdd"
 
     @classmethod
-    def from_config(cls, corpus: dict) -> "FSDD":
+    def from_config(cls, corpus: dict) -> FSDD:
         root = locate("fsdd", corpus["path"], SOURCE, corpus["download_dir"])
         return cls(root, list(corpus["protocols"]))
 

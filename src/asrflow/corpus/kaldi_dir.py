@@ -49,7 +49,7 @@ class KaldiDir:
     _split_of: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, corpus: dict) -> "KaldiDir":
+    def from_config(cls, corpus: dict) -> KaldiDir:
         if not corpus["path"]:
             raise CorpusError("corpus.path must name a Kaldi data dir for the kaldi_dir recipe")
         root = Path(corpus["path"]).expanduser()

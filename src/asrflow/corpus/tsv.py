@@ -38,7 +38,7 @@ class TsvFolder:
     _split_of: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, corpus: dict) -> "TsvFolder":
+    def from_config(cls, corpus: dict) -> TsvFolder:
         if not corpus["path"] or not corpus["transcripts"]:
             raise CorpusError("the tsv recipe needs corpus.path (audio folder) and corpus.transcripts (TSV)")
         root = Path(corpus["path"]).expanduser()

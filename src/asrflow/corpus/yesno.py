@@ -28,7 +28,7 @@ class YesNo:
     name: str = "yesno"
 
     @classmethod
-    def from_config(cls, corpus: dict) -> "YesNo":
+    def from_config(cls, corpus: dict) -> YesNo:
         return cls(locate("yesno/waves_yesno", corpus["path"], SOURCE, corpus["download_dir"]))
 
     def list_utterances(self) -> Listing:

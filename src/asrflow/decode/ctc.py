@@ -57,12 +57,12 @@ class Vocabulary:
     prefixes: frozenset[str]
 
     @classmethod
-    def of(cls, words: Iterable[str]) -> "Vocabulary":
+    def of(cls, words: Iterable[str]) -> Vocabulary:
         """From a word list (an LM's vocabulary: ``<s>``, ``</s>`` and ``<unk>`` are left out)."""
         kept = frozenset(w for w in words if w not in (BOS, EOS, UNK))
         return cls(kept, frozenset(w[:i] for w in kept for i in range(1, len(w) + 1)))
 
-    def allows(self, before: "_Words", after: "_Words") -> bool:
+    def allows(self, before: _Words, after: _Words) -> bool:
         """Whether extending ``before`` to ``after`` keeps every word inside the vocabulary."""
         closed = len(after.history) > len(before.history) and after.history[-1] not in self.words
         return not closed and (not after.partial or after.partial in self.prefixes)
@@ -79,7 +79,7 @@ def vocabulary_for(opts: SearchOptions, lm: ArpaLM | None) -> Vocabulary | None:
     return _VOCABULARIES[lm]
 
 
-_VOCABULARIES: "weakref.WeakKeyDictionary[ArpaLM, Vocabulary]" = weakref.WeakKeyDictionary()
+_VOCABULARIES: weakref.WeakKeyDictionary[ArpaLM, Vocabulary] = weakref.WeakKeyDictionary()
 
 
 def graph_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:

@@ -11,6 +11,7 @@ import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
 from asrflow.config import model_cmvn
+from asrflow.config.paths import Paths
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_settings, gmm_decode_options, rtf
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
@@ -152,22 +153,20 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
     return settings, results
 
 
-def decode_split_nnet(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
-                      feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
-                      gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
+def decode_split_nnet(config: dict[str, Any], system: str, test: str, paths: Paths, client: Any,
                       tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
-    """Decode split ``test`` with network ``system`` (see :func:`decode_network` for how each kind is searched).
+    """Decode split ``test`` with network ``system`` trained in ``paths.model`` into ``paths.out`` (see
+    :func:`decode_network` for how each kind is searched; hybrids read ``paths.gmm`` and ``paths.graph``).
 
     ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty,
     or LM weight and word bonus.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["nnet"]["decode"]["shard_utts"], deltas=0,
-                          cmvn=model_cmvn(config, system))
+    paths.out.mkdir(parents=True, exist_ok=True)
+    shards = split_shards(paths.data, paths.features, paths.lang, test, config["nnet"]["decode"]["shard_utts"],
+                          deltas=0, cmvn=model_cmvn(config, system))
     start = time.perf_counter()
-    (opts,), per_shard = decode_network(config, system, net_dir, lang_dir, shards, client, [tuned or {}],
-                                        gmm_dir, graph_dir, desc=f"decode-{system}-{test}")
-    return write_decode(out, test, [r[0] for r in per_shard], time.perf_counter() - start,
+    (opts,), per_shard = decode_network(config, system, paths.model, paths.lang, shards, client, [tuned or {}],
+                                        paths.gmm, paths.graph, desc=f"decode-{system}-{test}")
+    return write_decode(paths.out, test, [r[0] for r in per_shard], time.perf_counter() - start,
                         {"system": system, **decoder_settings(opts), "tuned": bool(tuned),
-                         **({"graph": str(graph_dir)} if graph_dir is not None else {})}, log)
+                         **({"graph": str(paths.graph)} if paths.graph is not None else {})}, log)

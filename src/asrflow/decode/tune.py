@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from asrflow.config.paths import Paths
 from asrflow.data.datadir import own_texts, read_table
 from asrflow.lang.lexicon import oov_rate
 from asrflow.score.wer import score_corpus
@@ -80,11 +81,10 @@ def hypotheses(results: list[list[Any]], setting: int) -> dict[str, str]:
     return {utt: " ".join(words) for per_shard in results for utt, words in per_shard[setting].hyps.items()}
 
 
-def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_dir: str | Path,
-                 feats_dir: str | Path, lang_dir: str | Path, train_split: str, out_dir: str | Path, client: Any,
-                 gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
+def tune_network(config: dict[str, Any], system: str, train_split: str, paths: Paths, client: Any,
                  log=print) -> dict[str, Any]:
-    """Decode network ``system``'s held-out utterances over the tuning grid; write ``tune.json`` and ``grid.tsv``.
+    """Decode network ``system``'s held-out utterances over the tuning grid; write ``tune.json`` and ``grid.tsv``
+    into ``paths.out`` (the network in ``paths.model``; a hybrid's HCLG is built from the GMM in ``paths.gmm``).
 
     ``tune.json`` holds ``chosen`` (the settings the test sets are decoded with), its held-out
     errors and WER, and the whole grid. The held-out utterances are decoded with an LM estimated
@@ -94,13 +94,13 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
     from asrflow.decode.stage import decode_network, decoder_kind, make_graph
     from asrflow.nnet import NnetError
 
-    out = Path(out_dir)
+    out, net_dir, gmm_dir = paths.out, paths.model, paths.gmm
     tune = config["nnet"]["decode"]["tune"]
     kind = decoder_kind(config["nnet"]["models"][system])
     if kind == "hclg" and gmm_dir is None:
         raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
 
-    graph = graph_dir if kind == "prefix" else out / "graph"
+    graph = paths.graph if kind == "prefix" else out / "graph"
 
     def build_graph(lang: Path) -> None:
         if kind != "prefix":
@@ -110,7 +110,7 @@ def tune_network(config: dict[str, Any], system: str, net_dir: str | Path, data_
         return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc)[1]
 
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
-                        data_dir, feats_dir, lang_dir, train_split, out, build_graph, decode, deltas=0,
+                        paths.data, paths.features, paths.lang, train_split, out, build_graph, decode, deltas=0,
                         cmvn=model_cmvn(config, system), log=log)
 
 

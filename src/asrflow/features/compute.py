@@ -52,7 +52,7 @@ class FeatureOptions:
     use_energy: bool = True
 
     @classmethod
-    def from_config(cls, features: dict[str, Any], kind: str, sample_rate: int) -> "FeatureOptions":
+    def from_config(cls, features: dict[str, Any], kind: str, sample_rate: int) -> FeatureOptions:
         common = {k: features[k] for k in ("frame_length_ms", "frame_shift_ms", "dither", "preemphasis",
                                            "remove_dc_offset", "window", "low_freq", "high_freq", "snip_edges")}
         return cls(kind=kind, sample_rate=sample_rate, **common, **features[kind])

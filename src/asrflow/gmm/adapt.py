@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
+from asrflow.config.paths import Paths
 from asrflow.data.perturb import perturbed_split
 from asrflow.decode.decoder import DecodeOptions, decode_all, gmm_decodable, gmm_decode_options
 from asrflow.features.ark import write_ark, write_text_atomic
@@ -168,19 +169,19 @@ def read_transforms(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str | Path, graph_dir: str | Path,
-                 data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, out_dir: str | Path,
-                 client: Any, align_dir: str | Path | None = None, init_dir: str | Path | None = None,
+def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, client: Any,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Write the adapted features of ``train``, its speed-perturbed copies (when ``align_dir``
-    holds their alignments) and its test splits into ``out_dir``; returns the manifest.
+    """Write the adapted features of ``train``, its speed-perturbed copies (when ``paths.alignments``
+    holds their alignments) and its test splits into ``paths.out``; returns the manifest.
 
-    ``init_dir``: another fmllr stage's output whose transforms every speaker starts from (for a
-    speaker-adaptively trained system, those of the system it was trained on: its first decoding
-    pass then sees the features it was trained on); the new estimate is composed on top.
+    The GMM system is ``paths.gmm`` (its graph ``paths.graph`` for the test speakers' first passes), its
+    features ``paths.features``. ``paths.init``: another fmllr stage's output whose transforms every speaker
+    starts from (for a speaker-adaptively trained system, those of the system it was trained on: its first
+    decoding pass then sees the features it was trained on); the new estimate is composed on top.
     """
     start = time.perf_counter()
-    out, data_dir = Path(out_dir), Path(data_dir)
+    out, data_dir, feats_dir, lang_dir = paths.out, paths.data, paths.features, paths.lang
+    gmm_dir, graph_dir, align_dir, init_dir = paths.gmm, paths.graph, paths.alignments, paths.init
     out.mkdir(parents=True, exist_ok=True)
     cfg = config["fmllr"]
     opts = AdaptOptions(gmm_decode_options(config["decode"]),
@@ -188,8 +189,8 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, gmm_dir: str |
                         cfg["silence_weight"])
     model = GmmModel.load(gmm_dir)
     blob = broadcast(client, model.to_bytes())
-    graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
-    splits: dict[str, dict[str, np.ndarray] | None] = {train: read_alignments(Path(gmm_dir) / "ali" / "transition_ids.txt")}
+    graph_path = str(graph_dir.resolve() / "HCLG.fst")
+    splits: dict[str, dict[str, np.ndarray] | None] = {train: read_alignments(gmm_dir / "ali" / "transition_ids.txt")}
     if align_dir is not None:
         splits[perturbed_split(train)] = read_alignments(Path(align_dir) / "ali" / "transition_ids.txt")
     manifest_splits = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))["splits"]

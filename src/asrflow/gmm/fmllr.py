@@ -34,10 +34,10 @@ class FmllrStats:
     g: np.ndarray  # (d, d+1, d+1)
 
     @classmethod
-    def zeros(cls, dim: int) -> "FmllrStats":
+    def zeros(cls, dim: int) -> FmllrStats:
         return cls(0.0, np.zeros((dim, dim + 1)), np.zeros((dim, dim + 1, dim + 1)))
 
-    def __add__(self, other: "FmllrStats") -> "FmllrStats":
+    def __add__(self, other: FmllrStats) -> FmllrStats:
         return FmllrStats(self.beta + other.beta, self.k + other.k, self.g + other.g)
 
 

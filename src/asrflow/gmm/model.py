@@ -34,14 +34,14 @@ class GmmModel:
         self.tree.write(True, str(folder / "tree"))
 
     @classmethod
-    def load(cls, folder: str | Path) -> "GmmModel":
+    def load(cls, folder: str | Path) -> GmmModel:
         return cls.from_bytes((Path(folder) / "final.mdl.pkl").read_bytes())
 
     def to_bytes(self) -> bytes:
         return pickle.dumps({"topo": self.topo, "tree": self.tree, "tm": self.tm, "am": self.am})
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "GmmModel":
+    def from_bytes(cls, blob: bytes) -> GmmModel:
         d = pickle.loads(blob)
         return cls(d["topo"], d["tree"], d["tm"], d["am"])
 

@@ -47,7 +47,7 @@ class TreeStats:
         return self.sum.shape[1]
 
     @staticmethod
-    def merge(parts: list["TreeStats"]) -> "TreeStats":
+    def merge(parts: list[TreeStats]) -> TreeStats:
         """Sum statistics of the same events from several shards (order independent)."""
         events = np.concatenate([p.events for p in parts])
         keys, inverse = np.unique(events, axis=0, return_inverse=True)
@@ -112,14 +112,14 @@ class Leaf:
 class Split:
     key: int
     yes_set: tuple[int, ...]
-    yes: "Node"
-    no: "Node"
+    yes: Node
+    no: Node
 
 
 @dataclass
 class Table:
     key: int
-    children: list["Node | None"]
+    children: list[Node | None]
 
 
 Node = Leaf | Split | Table

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asrflow.kaldi import kaldilm, kfst, khg, map_arcs, map_input_labels
+from asrflow.kaldi import kaldilm, kfst, khg, map_input_labels
 
 
 def read_symbols(path: str | Path) -> dict[str, int]:

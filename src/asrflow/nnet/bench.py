@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -88,15 +89,17 @@ def bench_network(config: dict[str, Any], system: str, paths: dict[str, Any], ep
 
     ``peak`` is the device's measured matrix-product TFLOP/s (:func:`matmul_peak`, measured here when None).
     """
+    from asrflow.config.paths import Paths
     from asrflow.nnet.stage import train_options, training_data
     from asrflow.nnet.train import train
 
     model = config["nnet"]["models"][system]
-    targets, train_set, valid_set, _ = training_data(config, system, paths["train"], paths["data"],
-                                                     paths["features"], paths.get("gmm"), paths.get("lang"))
+    bundle = Paths(data=paths["data"], features=paths["features"], out=Path("."), gmm=paths.get("gmm"),
+                   lang=paths.get("lang"))
+    targets, train_set, valid_set, _ = training_data(config, system, paths["train"], bundle)
     opts = train_options(config, system, epochs)
     if max_frames:
-        opts.max_frames = max_frames
+        opts = opts.replace(max_frames=max_frames)
     with tempfile.TemporaryDirectory(prefix="asrflow-bench-nnet-") as tmp:
         summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(tmp), log=lambda m: None,
                         objective=model["objective"], extra=targets.extra, state_dir=Path(tmp) / "state")

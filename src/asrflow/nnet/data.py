@@ -23,6 +23,7 @@ import kaldiio
 import numpy as np
 import torch
 
+from asrflow.config.settings import SpecAugment
 from asrflow.data.datadir import read_table
 from asrflow.features import apply_cmvn, load, read_scp
 
@@ -77,7 +78,7 @@ class FeatureDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def part(self, rank: int, world: int) -> "FeatureDataset":
+    def part(self, rank: int, world: int) -> FeatureDataset:
         """Every ``world``-th utterance from ``rank`` (disjoint parts for distributed evaluation)."""
         if world == 1:
             return self
@@ -199,7 +200,7 @@ def chunk_batch(batch: dict[str, object], size: int) -> dict[str, object]:
             "target_lengths": chunk_lengths[keep]}
 
 
-def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: dict[str, int],
+def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: SpecAugment,
                  generator: torch.Generator) -> torch.Tensor:
     """A copy of ``feats`` (B, T, D) with SpecAugment's frequency and time masks (value 0) per utterance.
 
@@ -215,15 +216,15 @@ def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: dict[str,
         return int(torch.randint(0, high + 1, (1,), generator=generator))
 
     for b, length in enumerate(lengths.tolist()):
-        if settings.get("freq_warp"):
-            factor = 1.0 + settings["freq_warp"] * (2 * float(torch.rand(1, generator=generator)) - 1)
+        if settings.freq_warp:
+            factor = 1.0 + settings.freq_warp * (2 * float(torch.rand(1, generator=generator)) - 1)
             out[b, :length] = warp_bins(out[b, :length], factor)
-        for _ in range(settings["freq_masks"]):
-            width = min(draw(settings["freq_width"]), dim)
+        for _ in range(settings.freq_masks):
+            width = min(draw(settings.freq_width), dim)
             start = draw(dim - width)
             out[b, :length, start:start + width] = 0
-        for _ in range(settings["time_masks"]):
-            width = min(draw(settings["time_width"]), length // 5)
+        for _ in range(settings.time_masks):
+            width = min(draw(settings.time_width), length // 5)
             start = draw(length - width)
             out[b, start:start + width, :] = 0
     return out

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from asrflow.config.sizes import network_config
 from asrflow.nnet import NnetError
 from asrflow.nnet.models import build_model, parameter_count
-from asrflow.nnet.sizes import network_config
 from asrflow.nnet.train import atomic_save
 
 

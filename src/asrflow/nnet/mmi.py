@@ -49,7 +49,7 @@ class DenominatorGraph:
     def num_states(self) -> int:
         return int(self.final.shape[0])
 
-    def to(self, device: torch.device) -> "DenominatorGraph":
+    def to(self, device: torch.device) -> DenominatorGraph:
         return DenominatorGraph(self.src.to(device), self.dst.to(device), self.pdf.to(device),
                                 self.weight.to(device), self.final.to(device), self.start)
 

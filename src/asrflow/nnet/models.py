@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from asrflow.nnet.sizes import network_config
+from asrflow.config.sizes import network_config
 
 
 def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -163,7 +163,7 @@ MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "ensemble": Ensemble}
 
 def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:
     """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes
-    (the type's defaults, :data:`asrflow.nnet.sizes.SIZES`, for those it leaves out)."""
+    (the type's defaults, :data:`asrflow.config.sizes.SIZES`, for those it leaves out)."""
     options = network_config(config)
     kind = options.pop("type", None)
     if kind not in MODELS:

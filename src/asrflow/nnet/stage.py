@@ -20,25 +20,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from asrflow.config import model_alignments, model_cmvn, model_features, model_train
+from asrflow.config import model_cmvn, model_train, settings
+from asrflow.config.paths import Paths
+from asrflow.config.settings import Parallel, Training
+from asrflow.config.sizes import network_config
 from asrflow.data.datadir import own_texts, read_table
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
-from asrflow.nnet.sizes import network_config
-from asrflow.nnet.train import TrainOptions, train
+from asrflow.nnet.train import train
 from asrflow.nnet.units import PhoneUnits, Units
-from asrflow.parallel.base import ParallelOptions
-from asrflow.workflow import parallel_settings
 
 
 @dataclass
@@ -51,28 +51,24 @@ class Targets:
     extra: dict[str, Any]  # stored in final.pt (e.g. the unit inventory)
 
 
-def train_options(config: dict[str, Any], system: str, epochs: int | None = None) -> TrainOptions:
-    """``nnet.train`` overlaid with the model's own ``train`` overrides; the seed is the experiment's unless set there.
+def train_options(config: dict[str, Any], system: str, epochs: int | None = None) -> Training:
+    """Network ``system``'s training settings (:func:`asrflow.config.settings.training`).
 
     With ``epochs`` (the benchmarks): exactly that many epochs, no early stopping and no
     checkpoints but those at the epoch ends.
     """
-    merged = model_train(config, system)
-    seed = merged.pop("seed", None)
-    known = {f.name for f in fields(TrainOptions)}
-    opts = TrainOptions(**{k: v for k, v in merged.items() if k in known}, seed=config["seed"] if seed is None else seed)
+    opts = settings.training(config, system)
     if epochs is not None:
-        opts.epochs, opts.patience, opts.checkpoint_every = epochs, epochs + 1, 10 ** 9
+        opts = opts.replace(epochs=epochs, patience=epochs + 1, checkpoint_every=10 ** 9)
     return opts
 
 
-def parallel_options(config: dict[str, Any], system: str) -> ParallelOptions:
-    """``nnet.parallel`` with the model's overrides; the learner count must match the processes torchrun started.
+def parallel_options(config: dict[str, Any], system: str) -> Parallel:
+    """Network ``system``'s parallel settings; the learner count must match the processes torchrun started.
 
     The launch settings (nodes, launcher, port, gpus) are ``asrflow launch``'s, not the learners'.
     """
-    known = {f.name for f in fields(ParallelOptions)}
-    opts = ParallelOptions(**{k: v for k, v in parallel_settings(config, system).items() if k in known})
+    opts = settings.parallel(config, system)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != opts.learners:
         raise NnetError(f"nnet.parallel.learners is {opts.learners} but {world} learner process(es) are running; "
@@ -123,21 +119,21 @@ def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int, lang_dir: str
     return Targets(labels, units.num_classes, False, {key: torch.frombuffer(bytearray(units.model), dtype=torch.uint8)})
 
 
-def training_data(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path,
-                  feats_dir: str | Path, gmm_dir: str | Path | None, lang_dir: str | Path | None = None,
-                  alignments: str | Path | None = None) -> tuple[Targets, FeatureDataset, FeatureDataset, dict[str, str]]:
+def training_data(config: dict[str, Any], system: str, train_split: str, paths: Paths
+                  ) -> tuple[Targets, FeatureDataset, FeatureDataset, dict[str, str]]:
     """Targets, training and held-out sets of network ``system``, and the utterances left out (with why).
 
-    ``gmm_dir`` (its alignments) is needed by hybrids, ``lang_dir`` by CTC over phones. With
+    ``paths.gmm`` (its alignments) is needed by hybrids, ``paths.lang`` by CTC over phones. With
     ``speed_perturb`` the network trains on ``<train>_sp`` (a hybrid on the copies' alignments
-    in ``alignments``, the align stage's folder); the held-out utterances' copies stay out of
+    in ``paths.alignments``, the align stage's folder); the held-out utterances' copies stay out of
     training, and the held-out set is the unperturbed utterances alone.
     """
+    data_dir, feats_dir, gmm_dir, lang_dir, alignments = (paths.data, paths.features, paths.gmm, paths.lang,
+                                                          paths.alignments)
     model = config["nnet"]["models"][system]
     if model["type"] == "ensemble":
         raise NnetError(f"{system!r} is an ensemble of trained networks: `asrflow ensemble` assembles it from "
                         f"{', '.join(model['members'])}; it is not trained")
-    data_dir = Path(data_dir)
     perturbed = model_train(config, system)["speed_perturb"]
     source = perturbed_split(train_split) if perturbed else train_split
     if perturbed and not (data_dir / source / "text").is_file():
@@ -166,17 +162,17 @@ def training_data(config: dict[str, Any], system: str, train_split: str, data_di
     return targets, train_set, valid_set, {**train_set.rejected, **valid_set.rejected}
 
 
-def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,
+def mmi_criterion(opts: Training, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,
                   log_priors: torch.Tensor, lang_dir: str | Path | None = None) -> MmiObjective | None:
     """The MMI objective of hybrid ``system`` when ``train.mmi.weight`` > 0 (else None): its
     denominator is the HCLG in ``graph_dir`` of the GMM in ``gmm_dir`` (whose tree numbers the pdfs),
     or with ``denominator: phone_lm`` a phone LM over that GMM's alignments and ``lang_dir``'s phones."""
-    settings = opts.mmi
-    if not settings.get("weight"):
+    mmi = opts.mmi
+    if not mmi.weight:
         return None
-    phone_lm = settings.get("denominator", "graph") == "phone_lm"
+    phone_lm = mmi.denominator == "phone_lm"
     if gmm_dir is None or (lang_dir if phone_lm else graph_dir) is None:
-        raise NnetError(f"{system} trains with MMI (train.mmi.weight {settings['weight']}): it needs the GMM (--gmm) "
+        raise NnetError(f"{system} trains with MMI (train.mmi.weight {mmi.weight}): it needs the GMM (--gmm) "
                         + ("and the lang folder (--lang) for its phone LM" if phone_lm
                            else "and its decoding graph (--graph)"))
     from asrflow.gmm.model import GmmModel
@@ -185,11 +181,11 @@ def mmi_criterion(opts: TrainOptions, system: str, gmm_dir: str | Path | None, g
     if phone_lm:
         from asrflow.nnet.phone_lm import phone_lm_graph  # kaldifst, as load_denominator_graph
 
-        hclg, _ = phone_lm_graph(lang_dir, gmm_dir, model, settings.get("phone_lm_order", 3))
+        hclg, _ = phone_lm_graph(lang_dir, gmm_dir, model, mmi.phone_lm_order)
         graph = denominator_from_fst(hclg, model.tid2pdf)
     else:
         graph = load_denominator_graph(Path(graph_dir) / "HCLG.fst", model.tid2pdf)
-    return MmiObjective(graph, log_priors, settings["weight"], settings["acoustic_scale"])
+    return MmiObjective(graph, log_priors, mmi.weight, mmi.acoustic_scale)
 
 
 def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | None) -> dict[str, Any] | None:
@@ -213,39 +209,37 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
     return saved
 
 
-def train_system(config: dict[str, Any], system: str, train_split: str, data_dir: str | Path, feats_dir: str | Path,
-                 gmm_dir: str | Path | None, out_dir: str | Path, run: Any, state_dir: str | Path | None = None,
-                 lang_dir: str | Path | None = None, alignments: str | Path | None = None,
-                 graph_dir: str | Path | None = None, init_dir: str | Path | None = None, log=print) -> dict[str, Any]:
-    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above
-    (a hybrid trained with MMI also reads the GMM's decoding graph, ``graph_dir``; a network with an
-    ``init`` starts from the weights in ``init_dir``)."""
-    model = config["nnet"]["models"][system]
-    objective = model["objective"]
-    out = Path(out_dir)
+def train_system(config: dict[str, Any], system: str, train_split: str, paths: Paths, run: Any,
+                 log=print) -> dict[str, Any]:
+    """Train network ``system`` on ``train_split``; rank 0 writes the folder described above into ``paths.out``.
+
+    A hybrid reads the GMM's alignments (``paths.gmm``; with MMI also its decoding graph, ``paths.graph``);
+    a network with an ``init`` starts from the weights in ``paths.init``; the resumable state lives in
+    ``paths.state`` (default ``<out>/state``).
+    """
+    net = settings.network(config, system)
+    out = paths.out
     out.mkdir(parents=True, exist_ok=True)
-    targets, train_set, valid_set, rejected = training_data(config, system, train_split, data_dir, feats_dir, gmm_dir,
-                                                             lang_dir, alignments)
+    state = paths.state or out / "state"
+    targets, train_set, valid_set, rejected = training_data(config, system, train_split, paths)
     opts = train_options(config, system)
-    init = initial_weights(config, system, init_dir)
-    criterion = mmi_criterion(opts, system, gmm_dir, graph_dir, targets.extra["priors"], lang_dir) \
-        if objective == "hybrid" else None
-    log(f"{system} ({model['type']}, {objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
+    init = initial_weights(config, system, paths.init)
+    criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang)
+                 if net.objective == "hybrid" else None)
+    log(f"{system} ({net.type}, {net.objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
         f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
-        + (f"; MMI denominator ({opts.mmi.get('denominator', 'graph')}) {criterion.graph.num_states} states, "
+        + (f"; MMI denominator ({opts.mmi.denominator}) {criterion.graph.num_states} states, "
            f"{len(criterion.graph.src)} arcs" if criterion else "")
-        + (f"; starting from {model['init']}'s weights" if init is not None else ""))
+        + (f"; starting from {net.init}'s weights" if init is not None else ""))
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
-                         f"(see {out / 'report.tsv'})")
+                        f"(see {out / 'report.tsv'})")
     (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
-    features, cmvn = model_features(config, system), model_cmvn(config, system)
-    alignments = model_alignments(config, system) if objective == "hybrid" else None  # the GMM of the targets
-    run.log_params({**{f"nnet.effective.{k}": v for k, v in vars(opts).items()},
-                    "nnet.effective.train_data": train_set.split, "nnet.effective.features": features,
-                    "nnet.effective.cmvn": cmvn,
-                    "nnet.effective.alignments": alignments or "none",
-                    "nnet.effective.init": model.get("init", "none")})
+    alignments = net.alignments if net.objective == "hybrid" else None  # the GMM of the targets
+    run.log_params({**{f"nnet.effective.{k}": v for k, v in opts.as_dict().items()},
+                    "nnet.effective.train_data": train_set.split, "nnet.effective.features": net.features,
+                    "nnet.effective.cmvn": net.cmvn, "nnet.effective.alignments": alignments or "none",
+                    "nnet.effective.init": net.init or "none"})
     pending: list[tuple[int, dict]] = []
 
     def log_metrics(step: int, metrics: dict) -> None:
@@ -255,24 +249,30 @@ def train_system(config: dict[str, Any], system: str, train_split: str, data_dir
             run.log_metric_steps(pending)
             pending.clear()
 
+    model = config["nnet"]["models"][system]
     summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
-                    objective=objective, extra=targets.extra, state_dir=state_dir or out / "state",
+                    objective=net.objective, extra=targets.extra, state_dir=state,
                     parallel=parallel_options(config, system), criterion=criterion, init=init)
     run.log_metric_steps(pending)
-    manifest = {"system": system, "type": model["type"], "objective": objective, "train": train_split,
+    manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
-                "features": features, "cmvn": cmvn, "alignments": alignments, "init": model.get("init"),
+                "features": net.features, "cmvn": net.cmvn, "alignments": alignments, "init": net.init,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:
-        if objective == "hybrid":
-            np.save(out / "priors.npy", targets.extra["priors"].numpy())
-        elif "phones" in targets.extra:
-            (out / "units.txt").write_bytes(targets.extra["phones"].numpy().tobytes())
-        else:
-            (out / "units.model").write_bytes(targets.extra["units"].numpy().tobytes())
-        shutil.rmtree(state_dir or out / "state", ignore_errors=True)
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        write_outputs(out, net.objective, targets, manifest)
+        shutil.rmtree(state, ignore_errors=True)
     log(f"{system}: {summary['epochs']} epochs, {summary['steps']} steps, held-out loss "
         f"{summary['best_valid_loss']:.4f}, {summary['frames_per_second']:.0f} frames/s, {summary['seconds']:.1f} s")
     return manifest
+
+
+def write_outputs(out: Path, objective: str, targets: Targets, manifest: dict[str, Any]) -> None:
+    """What a trained network's folder holds beside ``final.pt``: its priors or units, and the manifest."""
+    if objective == "hybrid":
+        np.save(out / "priors.npy", targets.extra["priors"].numpy())
+    elif "phones" in targets.extra:
+        (out / "units.txt").write_bytes(targets.extra["phones"].numpy().tobytes())
+    else:
+        (out / "units.model").write_bytes(targets.extra["units"].numpy().tobytes())
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

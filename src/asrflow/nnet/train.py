@@ -18,7 +18,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,38 +26,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from asrflow.config.settings import Parallel, Training
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, prefetched, spec_augment
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
-from asrflow.parallel.base import ParallelOptions
 from asrflow.parallel.strategies import make_strategy
 
 CHECKPOINT = "checkpoint.pt"
-
-
-@dataclass
-class TrainOptions:
-    """Optimisation settings (``nnet.train`` merged with a model's own ``train`` overrides)."""
-
-    epochs: int = 10
-    max_frames: int = 20000
-    lr: float = 1e-3
-    schedule: str = "warmup_invsqrt"  # or "newbob"
-    warmup_steps: int = 100
-    newbob_threshold: float = 0.005  # relative held-out loss gain below which newbob halves the rate
-    newbob_factor: float = 0.5
-    weight_decay: float = 1e-4
-    clip: float = 5.0
-    checkpoint_every: int = 50
-    patience: int = 3
-    amp: bool = True  # bfloat16 autocast when training on a GPU (ignored on CPU)
-    chunk_frames: int = 0  # hybrid: train on chunks of this many frames (0: whole utterances)
-    specaugment: dict = field(default_factory=dict)  # freq_masks, freq_width, time_masks, time_width
-    mmi: dict = field(default_factory=dict)  # weight, acoustic_scale, denominator, phone_lm_order (nnet/mmi.py; 0: off)
-    prefetch: int = 2  # batches read and padded ahead in a background thread (0: in the training loop)
-    deterministic: bool = False  # GPU: deterministic kernels only, so a resumed run is bit-identical there too
-    seed: int = 0
 
 
 class Schedule:
@@ -84,7 +59,7 @@ class Schedule:
         return min(ramp, math.sqrt(self.warmup / step))
 
 
-def newbob_update(schedule: Schedule, previous: float, current: float, opts: TrainOptions) -> bool:
+def newbob_update(schedule: Schedule, previous: float, current: float, opts: Training) -> bool:
     """Halve the newbob scale when the held-out loss improved by less than the threshold."""
     if schedule.kind != "newbob" or not math.isfinite(previous):
         return False
@@ -149,12 +124,12 @@ def _autocast(device: torch.device, enabled: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
 
 
-def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: TrainOptions, objective: str, epoch: int,
+def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: Training, objective: str, epoch: int,
                 rank: int, index: int, pin: bool = False) -> dict:
     """Training batch ``index`` of an epoch, on the CPU: read, padded, augmented (draws seeded by
     seed/epoch/batch/rank, so the same whenever it is made) and cut into chunks; pinned for a GPU."""
     batch = collate([dataset[i] for i in batches[index]])
-    if any(opts.specaugment.get(k) for k in ("freq_masks", "time_masks", "freq_warp")):
+    if opts.specaugment.enabled:
         key = np.random.SeedSequence([opts.seed, epoch, index, rank]).generate_state(1)[0]
         draws = torch.Generator().manual_seed(int(key))
         batch["feats"] = spec_augment(batch["feats"], batch["lengths"], opts.specaugment, draws)
@@ -219,11 +194,11 @@ def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
     return values
 
 
-def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDataset, valid_set: FeatureDataset,
+def train(model_config: dict[str, Any], opts: Training, train_set: FeatureDataset, valid_set: FeatureDataset,
           num_classes: int, out_dir: str | Path, log_metrics: Callable[[int, dict], None] = lambda s, m: None,
           log: Callable[[str], None] = print, objective: str = "hybrid",
           extra: dict[str, Any] | None = None, state_dir: str | Path | None = None,
-          parallel: ParallelOptions | None = None, criterion: Callable | None = None,
+          parallel: Parallel | None = None, criterion: Callable | None = None,
           init: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume) and write ``final.pt`` (the best held-out model); returns a summary.
 
@@ -242,160 +217,225 @@ def train(model_config: dict[str, Any], opts: TrainOptions, train_set: FeatureDa
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
-    parallel = parallel or ParallelOptions()
-    loss_fn = criterion or OBJECTIVES[objective]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rank, world, device = _distributed(parallel.timeout)
-    if opts.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
-        torch.use_deterministic_algorithms(True)
-    torch.manual_seed(opts.seed)
-    input_dim = train_set[0][1].shape[1]
-    model = build_model(model_config, input_dim, num_classes).to(device)
-    if init is not None:
-        if (init["input_dim"], init["num_classes"]) != (input_dim, num_classes):
-            raise NnetError(f"the initial weights are for {init['input_dim']}-dimensional input and "
-                            f"{init['num_classes']} classes; this network has {input_dim}-dimensional input and "
-                            f"{num_classes} classes")
-        model.load_state_dict(init["model"])
-    torch.manual_seed(opts.seed + 7919 * rank)  # same initial model everywhere; own dropout masks per learner
-    optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr * parallel.lr_factor(world),
-                                  weight_decay=opts.weight_decay)
-    schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(world))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
-    strategy = make_strategy(parallel, model, optimiser, scheduler, rank, world, device, opts.clip)
-    sampler = BucketBatchSampler(train_set.lengths, parallel.learner_frames(opts.max_frames, world), opts.seed, rank,
-                                 world)
-    state = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"), "bad_epochs": 0}
-    state_path = Path(state_dir) if state_dir else out
-    state_path.mkdir(parents=True, exist_ok=True)
-    ckpt = state_path / CHECKPOINT
-    identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
-                     sorted((k, v) for k, v in vars(opts).items() if k != "prefetch"),  # prefetching changes no result
-                     len(train_set), world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
-                     weights_digest(init["model"]) if init is not None else None))
-    saved = torch.load(ckpt, weights_only=True, map_location=device) if ckpt.is_file() else None
-    if saved is not None and saved.get("identity") != identity:
-        log(f"ignoring {ckpt}: written by a run with other settings")
-        saved = None
-    if saved is not None:
-        mine = saved["learners"][rank]
-        model.load_state_dict(mine["model"])
-        optimiser.load_state_dict(mine["optimiser"])
-        scheduler.load_state_dict(mine["scheduler"])
-        strategy.load_state_dict(mine["strategy"])
-        torch.set_rng_state(mine["rng"].cpu())
-        if device.type == "cuda" and "cuda_rng" in mine:
-            torch.cuda.set_rng_state(mine["cuda_rng"].cpu(), device)
-        state = saved["state"]
-        log(f"resumed from {ckpt}: epoch {state['epoch']}, batch {state['batch']}, step {state['step']}")
-    header = {"config": dict(model_config), "num_classes": num_classes, "input_dim": input_dim,
-              "objective": objective, **(extra or {})}
-
-    def save() -> None:
-        strategy.quiesce()
-        learners = _gather(_learner_state(model, optimiser, scheduler, strategy, device), rank, world)
-        if rank == 0:
-            atomic_save({"learners": learners, "state": dict(state), "identity": identity}, ckpt)
-
-    valid_part = valid_set.part(rank, world)
-    if init is not None and saved is None:  # the starting model's held-out loss is the one to beat
-        state["best"], state["best_accuracy"] = _held_out(model, valid_part, opts, objective, device, world,
-                                                          loss_fn)
-        state["last"] = state["best"]
-        log(f"initial weights: held-out loss {state['best']:.4f}"
-            + (f", frame accuracy {state['best_accuracy']:.4f}" if state["best_accuracy"] is not None else ""))
-        if rank == 0:
-            atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
+    run = _Run(model_config, opts, train_set, valid_set, num_classes, Path(out_dir), objective,
+               parallel or Parallel.defaults(), criterion, init, state_dir, extra, log, log_metrics)
+    run.resume()
+    if init is not None and not run.resumed:  # the starting model's held-out loss is the one to beat
+        run.start_from_init()
     start = time.perf_counter()
-    totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0, "bytes": 0.0,
-              "steps": 0, "held_out": 0.0}
-    while state["epoch"] < opts.epochs and state["bad_epochs"] < opts.patience:
-        sampler.set_epoch(state["epoch"])
-        batches = sampler.epoch_batches()
-        make = partial(_make_batch, train_set, batches, opts, objective, state["epoch"], rank, pin=device.type == "cuda")
-        steps = prefetched(make, range(state["batch"], len(batches)), opts.prefetch)
+    while run.state["epoch"] < opts.epochs and run.state["bad_epochs"] < opts.patience:
+        run.epoch()
+    run.finish()
+    return run.summary(time.perf_counter() - start)
+
+
+class _Run:
+    """One learner's training run: the model, optimiser, schedule and strategy, its resumable state and totals."""
+
+    def __init__(self, model_config: dict[str, Any], opts: Training, train_set: FeatureDataset,
+                 valid_set: FeatureDataset, num_classes: int, out: Path, objective: str, parallel: Parallel,
+                 criterion: Callable | None, init: dict[str, Any] | None, state_dir: str | Path | None,
+                 extra: dict[str, Any] | None, log: Callable[[str], None],
+                 log_metrics: Callable[[int, dict], None]) -> None:
+        self.opts, self.train_set, self.objective, self.parallel = opts, train_set, objective, parallel
+        self.loss_fn = criterion or OBJECTIVES[objective]
+        self.log, self.log_metrics = log, log_metrics
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.rank, self.world, self.device = _distributed(parallel.timeout)
+        if opts.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+            torch.use_deterministic_algorithms(True)
+        self.model = self._model(model_config, num_classes, init)
+        torch.manual_seed(opts.seed + 7919 * self.rank)  # same initial model everywhere; own dropout masks per learner
+        self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=opts.lr * parallel.lr_factor(self.world),
+                                           weight_decay=opts.weight_decay)
+        self.schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(self.world))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
+        self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
+                                      self.device, opts.clip)
+        self.sampler = BucketBatchSampler(train_set.lengths, parallel.learner_frames(opts.max_frames, self.world),
+                                          opts.seed, self.rank, self.world)
+        self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"),
+                                      "bad_epochs": 0}
+        self.state_path = Path(state_dir) if state_dir else out
+        self.state_path.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = self.state_path / CHECKPOINT
+        input_dim = train_set[0][1].shape[1]
+        # what a checkpoint must have been written with to be resumed (prefetching changes no result)
+        self.identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
+                              sorted((k, v) for k, v in vars(opts).items() if k != "prefetch"),
+                              len(train_set), self.world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
+                              weights_digest(init["model"]) if init is not None else None))
+        self.header = {"config": dict(model_config), "num_classes": num_classes, "input_dim": input_dim,
+                       "objective": objective, **(extra or {})}
+        self.valid_part = valid_set.part(self.rank, self.world)
+        self.resumed = False
+        self.totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0,
+                       "bytes": 0.0, "steps": 0, "held_out": 0.0}
+
+    def _model(self, model_config: dict[str, Any], num_classes: int, init: dict[str, Any] | None) -> torch.nn.Module:
+        """The network on this learner's device: seeded random weights, or ``init``'s."""
+        torch.manual_seed(self.opts.seed)
+        input_dim = self.train_set[0][1].shape[1]
+        model = build_model(model_config, input_dim, num_classes).to(self.device)
+        if init is not None:
+            if (init["input_dim"], init["num_classes"]) != (input_dim, num_classes):
+                raise NnetError(f"the initial weights are for {init['input_dim']}-dimensional input and "
+                                f"{init['num_classes']} classes; this network has {input_dim}-dimensional input and "
+                                f"{num_classes} classes")
+            model.load_state_dict(init["model"])
+        return model
+
+    def resume(self) -> None:
+        """Continue from the checkpoint when one written with the same settings is there."""
+        if not self.checkpoint.is_file():
+            return
+        saved = torch.load(self.checkpoint, weights_only=True, map_location=self.device)
+        if saved.get("identity") != self.identity:
+            self.log(f"ignoring {self.checkpoint}: written by a run with other settings")
+            return
+        mine = saved["learners"][self.rank]
+        self.model.load_state_dict(mine["model"])
+        self.optimiser.load_state_dict(mine["optimiser"])
+        self.scheduler.load_state_dict(mine["scheduler"])
+        self.strategy.load_state_dict(mine["strategy"])
+        torch.set_rng_state(mine["rng"].cpu())
+        if self.device.type == "cuda" and "cuda_rng" in mine:
+            torch.cuda.set_rng_state(mine["cuda_rng"].cpu(), self.device)
+        self.state, self.resumed = saved["state"], True
+        self.log(f"resumed from {self.checkpoint}: epoch {self.state['epoch']}, batch {self.state['batch']}, "
+                 f"step {self.state['step']}")
+
+    def save(self) -> None:
+        """A checkpoint of every learner's state, written by learner 0."""
+        self.strategy.quiesce()
+        learners = _gather(_learner_state(self.model, self.optimiser, self.scheduler, self.strategy, self.device),
+                           self.rank, self.world)
+        if self.rank == 0:
+            atomic_save({"learners": learners, "state": dict(self.state), "identity": self.identity},
+                        self.checkpoint)
+
+    def held_out(self) -> tuple[float, float | None]:
+        """Held-out loss and frame accuracy over every learner's part."""
+        return _held_out(self.model, self.valid_part, self.opts, self.objective, self.device, self.world, self.loss_fn)
+
+    def keep_best(self) -> None:
+        """Write the current model as the best so far (learner 0)."""
+        if self.rank == 0:
+            atomic_save({"model": self.model.state_dict(), **self.header}, self.state_path / "best.pt")
+
+    def start_from_init(self) -> None:
+        """The initial weights' held-out loss is the first best."""
+        self.state["best"], self.state["best_accuracy"] = self.held_out()
+        self.state["last"] = self.state["best"]
+        accuracy = self.state["best_accuracy"]
+        self.log(f"initial weights: held-out loss {self.state['best']:.4f}"
+                 + (f", frame accuracy {accuracy:.4f}" if accuracy is not None else ""))
+        self.keep_best()
+
+    def epoch(self) -> None:
+        """The rest of the current epoch's steps, then its held-out evaluation and checkpoint."""
+        self.sampler.set_epoch(self.state["epoch"])
+        batches = self.sampler.epoch_batches()
+        make = partial(_make_batch, self.train_set, batches, self.opts, self.objective, self.state["epoch"], self.rank,
+                       pin=self.device.type == "cuda")
+        steps = prefetched(make, range(self.state["batch"], len(batches)), self.opts.prefetch)
         while True:
             t0 = time.perf_counter()  # the wait for the next batch is the step's data time
             index, batch = next(steps, (None, None))
             if index is None:
                 break
-            batch = _to(batch, device)
-            t1 = time.perf_counter()
-            strategy.begin_step()
-            with _autocast(device, opts.amp):
-                logits, out_lengths = model(batch["feats"], batch["lengths"])
-            loss, stats = loss_fn(logits, out_lengths, batch)
-            optimiser.zero_grad()
-            loss.backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t2 = time.perf_counter()
-            strategy.finish_step()
-            scheduler.step()  # Schedule's ticks turn learner steps into steps of max_frames of data
-            t3 = time.perf_counter()
-            times = strategy.times
-            times.data, times.calc = t1 - t0, t2 - t1
-            state["step"] += 1
-            state["batch"] = index + 1
-            for key, value in (("frames", stats.frames), ("data", times.data), ("calc", times.calc),
-                               ("transmit", times.transmit), ("merge", times.merge), ("wait", times.wait),
-                               ("bytes", times.bytes), ("steps", 1)):
-                totals[key] += value
-            metrics = {"loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0],
-                       "frames_per_second": stats.frames * world / (t3 - t0),
-                       "data_wait_fraction": (t1 - t0) / (t3 - t0)}
-            if world > 1:
-                metrics.update(times.as_dict())
-            if stats.correct is not None:
-                metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
-            metrics.update({name: value / max(stats.count, 1) for name, value in stats.parts.items()})
-            log_metrics(state["step"], metrics)
-            if state["step"] % opts.checkpoint_every == 0:
-                save()
-        strategy.synchronise()
+            self.step(index, batch, t0)
+        self.strategy.synchronise()
         held_out_start = time.perf_counter()
-        valid_loss, valid_acc = _held_out(model, valid_part, opts, objective, device, world, loss_fn)
-        log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
-            + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
-            + f", lr {scheduler.get_last_lr()[0]:.2e}")
-        log_metrics(state["step"], {"valid_loss": valid_loss, "epoch": state["epoch"],
-                                    **({"valid_frame_accuracy": valid_acc} if valid_acc is not None else {})})
-        if newbob_update(schedule, state["last"], valid_loss, opts):
-            for group, base in zip(optimiser.param_groups, scheduler.base_lrs):  # apply it at once
-                group["lr"] = base * schedule(scheduler.last_epoch)
-            log(f"newbob: learning-rate scale now {schedule.scale:g}")
+        self.end_epoch()
+        self.totals["held_out"] += time.perf_counter() - held_out_start
+
+    def step(self, index: int, batch: dict, t0: float) -> None:
+        """One training step on ``batch`` (batch ``index`` of the epoch, read since ``t0``)."""
+        batch = _to(batch, self.device)
+        t1 = time.perf_counter()
+        self.strategy.begin_step()
+        with _autocast(self.device, self.opts.amp):
+            logits, out_lengths = self.model(batch["feats"], batch["lengths"])
+        loss, stats = self.loss_fn(logits, out_lengths, batch)
+        self.optimiser.zero_grad()
+        loss.backward()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
+        self.strategy.finish_step()
+        self.scheduler.step()  # Schedule's ticks turn learner steps into steps of max_frames of data
+        t3 = time.perf_counter()
+        times = self.strategy.times
+        times.data, times.calc = t1 - t0, t2 - t1
+        self.state["step"] += 1
+        self.state["batch"] = index + 1
+        for key, value in (("frames", stats.frames), ("data", times.data), ("calc", times.calc),
+                           ("transmit", times.transmit), ("merge", times.merge), ("wait", times.wait),
+                           ("bytes", times.bytes), ("steps", 1)):
+            self.totals[key] += value
+        metrics = {"loss": float(loss.detach()), "lr": self.scheduler.get_last_lr()[0],
+                   "frames_per_second": stats.frames * self.world / (t3 - t0),
+                   "data_wait_fraction": (t1 - t0) / (t3 - t0)}
+        if self.world > 1:
+            metrics.update(times.as_dict())
+        if stats.correct is not None:
+            metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
+        metrics.update({name: value / max(stats.count, 1) for name, value in stats.parts.items()})
+        self.log_metrics(self.state["step"], metrics)
+        if self.state["step"] % self.opts.checkpoint_every == 0:
+            self.save()
+
+    def end_epoch(self) -> None:
+        """Held-out evaluation, newbob, the best model and early stopping, then the epoch's checkpoint."""
+        state = self.state
+        valid_loss, valid_acc = self.held_out()
+        self.log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
+                 + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
+                 + f", lr {self.scheduler.get_last_lr()[0]:.2e}")
+        self.log_metrics(state["step"], {"valid_loss": valid_loss, "epoch": state["epoch"],
+                                         **({"valid_frame_accuracy": valid_acc} if valid_acc is not None else {})})
+        if newbob_update(self.schedule, state["last"], valid_loss, self.opts):
+            for group, base in zip(self.optimiser.param_groups, self.scheduler.base_lrs):  # apply it at once
+                group["lr"] = base * self.schedule(self.scheduler.last_epoch)
+            self.log(f"newbob: learning-rate scale now {self.schedule.scale:g}")
         state["last"] = valid_loss
         if valid_loss < state["best"] - 1e-4:
             state["best"], state["bad_epochs"], state["best_accuracy"] = valid_loss, 0, valid_acc
-            if rank == 0:
-                atomic_save({"model": model.state_dict(), **header}, state_path / "best.pt")
+            self.keep_best()
         else:
             state["bad_epochs"] += 1
         state["epoch"] += 1
         state["batch"] = 0
-        save()
-        totals["held_out"] += time.perf_counter() - held_out_start
-    strategy.close()
-    if rank == 0:
-        best_path = state_path / "best.pt"
-        best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
-        atomic_save(best or {"model": model.state_dict(), **header}, out / "final.pt")
-    seconds = time.perf_counter() - start
-    busy = max(totals["data"] + totals["calc"] + totals["transmit"] + totals["merge"] + totals["wait"], 1e-9)
-    steps = max(totals["steps"], 1)
-    return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
-            "best_valid_frame_accuracy": state.get("best_accuracy"),
-            "parameters": parameter_count(model), "seconds": seconds, "world_size": world,
-            "train_seconds": seconds - totals["held_out"],  # without the held-out evaluations and epoch checkpoints
-            "strategy": parallel.strategy if world > 1 else "single", "device": str(device),
-            "frames_per_second": totals["frames"] * world / busy, "data_wait_fraction": totals["data"] / busy,
-            **{f"mean_t_{key}": totals[key] / steps for key in ("data", "calc", "transmit", "merge", "wait")},
-            "mean_bytes_per_step": totals["bytes"] / steps}
+        self.save()
+
+    def finish(self) -> None:
+        """Close the strategy; learner 0 writes the best model as ``final.pt``."""
+        self.strategy.close()
+        if self.rank == 0:
+            best_path = self.state_path / "best.pt"
+            best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
+            atomic_save(best or {"model": self.model.state_dict(), **self.header}, self.out / "final.pt")
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        """Epochs, steps, the best held-out loss, throughput and the per-step times of the timing model."""
+        totals, state = self.totals, self.state
+        busy = max(totals["data"] + totals["calc"] + totals["transmit"] + totals["merge"] + totals["wait"], 1e-9)
+        steps = max(totals["steps"], 1)
+        return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
+                "best_valid_frame_accuracy": state.get("best_accuracy"),
+                "parameters": parameter_count(self.model), "seconds": seconds, "world_size": self.world,
+                # without the held-out evaluations and epoch checkpoints
+                "train_seconds": seconds - totals["held_out"],
+                "strategy": self.parallel.strategy if self.world > 1 else "single", "device": str(self.device),
+                "frames_per_second": totals["frames"] * self.world / busy, "data_wait_fraction": totals["data"] / busy,
+                **{f"mean_t_{key}": totals[key] / steps for key in ("data", "calc", "transmit", "merge", "wait")},
+                "mean_bytes_per_step": totals["bytes"] / steps}
 
 
-def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: TrainOptions, objective: str,
+def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: Training, objective: str,
               device: torch.device, world: int, criterion: Callable) -> tuple[float, float | None]:
     """Held-out loss and accuracy over all ranks' parts (identical on every rank)."""
     loss, accuracy = evaluate(model, part, opts.max_frames, objective, device, opts.amp, criterion)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from asrflow.config.paths import Paths
 from asrflow.features.compute import FeatureOptions, compute
 from asrflow.features.transforms import apply_cmvn
 
@@ -37,23 +38,24 @@ def pooled_cmvn(feats_dir: Path, split: str) -> np.ndarray:
     return sum(stats for _, stats in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items())
 
 
-def bundle_files(config: dict[str, Any], system: str, net_dir: Path, feats_dir: Path, train: str,
-                 gmm_dir: Path | None, graph_dir: Path | None, lang_dir: Path | None,
-                 out_dir: Path | None = None, tuned: dict[str, float] | None = None) -> dict[str, str]:
-    """The files a :class:`Transcriber` needs, by name (none for networks that read fmllr features).
+def bundle_files(config: dict[str, Any], system: str, train: str, paths: Paths,
+                 tuned: dict[str, float] | None = None) -> dict[str, str]:
+    """The files a :class:`Transcriber` needs, by name (none for networks that read fmllr features): the network
+    in ``paths.model``, its features' statistics (``paths.features``), graph (``paths.gmm``, ``paths.graph``) or
+    LM (``paths.lang``).
 
-    ``settings.json`` and, for per-speaker CMVN, ``cmvn.npy`` are written into ``out_dir`` (default ``net_dir``).
+    ``settings.json`` and, for per-speaker CMVN, ``cmvn.npy`` are written into ``paths.out``.
     ``tuned`` (the tune stage's choice) replaces the configured decoder settings, so the
     model decodes as the test sets were decoded.
     """
+    from asrflow.config import model_cmvn, model_features
     from asrflow.decode.stage import decoder_kind
     from asrflow.decode.tune import AXES
 
-    from asrflow.config import model_cmvn, model_features
-
     if model_features(config, system) == "fmllr":
         return {}  # no transcriber: adapted features need a GMM first pass over each speaker's utterances
-    out_dir = out_dir or net_dir
+    out_dir, net_dir, feats_dir = paths.out, paths.model, paths.features
+    gmm_dir, graph_dir, lang_dir = paths.gmm, paths.graph, paths.lang
     model = config["nnet"]["models"][system]
     kind = decoder_kind(model)
     decode = {**config["nnet"]["decode"], **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}

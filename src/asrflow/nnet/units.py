@@ -34,7 +34,7 @@ class Units:
         self.word_start = np.array([False] + [p.startswith(WORD_START) for p in pieces])
 
     @classmethod
-    def train(cls, texts: Iterable[str], kind: str = "bpe", vocab_size: int = 64) -> "Units":
+    def train(cls, texts: Iterable[str], kind: str = "bpe", vocab_size: int = 64) -> Units:
         """Train ``kind`` units on ``texts``; the BPE vocabulary stops growing when no merge is left."""
         if kind not in KINDS:
             raise ValueError(f"unknown unit kind {kind!r}; known: {', '.join(KINDS)}")
@@ -75,7 +75,7 @@ class PhoneUnits:
         self._class = {p: k for k, p in enumerate(self.phones, start=1)}
 
     @classmethod
-    def from_lang(cls, lang_dir: str | Path) -> "PhoneUnits":
+    def from_lang(cls, lang_dir: str | Path) -> PhoneUnits:
         """The units of lang folder ``lang_dir`` (``phones.txt``, ``nonsilence.int``, ``lexicon.txt``)."""
         lang = Path(lang_dir)
         names = {}

@@ -15,85 +15,18 @@ a restart needs (e.g. a ring's model in transit).
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from asrflow.parallel import ParallelError, overlap_conflict
+from asrflow.config.settings import Parallel
+from asrflow.parallel import ParallelError
 from asrflow.parallel.timing import StepTimes
-
-STRATEGY_NAMES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
-SEQUENTIAL = ("ring", "asgd")  # each learner's minibatch is one update of the shared model
-
-
-@dataclass
-class ParallelOptions:
-    """``nnet.parallel``: strategy, learner count and its knobs."""
-
-    strategy: str = "allreduce"
-    learners: int = 1
-    k: int = 4  # kavg: local steps between model averages
-    adapt: bool = False  # kavg: K / sqrt(learners) steps and lr * sqrt(learners)
-    overlap: bool = False  # kavg: each average travels while the next local step computes, merged after it
-    group_size: int = 2  # hierarchical: learners per synchronous group (one node)
-    compression: str = "none"  # none | 1bit | 8bit (allreduce, ring, kavg)
-    timeout: float = 300.0  # seconds any wait on another learner may take before the job fails
-    batch: str = "global"  # global: max_frames is one update's batch, split over combined learners; learner: each
-    stale_lr: str = "sqrt"  # ring/asgd with batch global: lr / sqrt(P) (sqrt) or lr / P (linear)
-
-    def learner_frames(self, max_frames: int, world: int) -> int:
-        """Frames in one learner's minibatch: ``max_frames`` split over the learners (``batch: global``)
-        or ``max_frames`` each (``batch: learner``).
-
-        With ``global`` an epoch holds as many minibatches as with one learner, so every
-        strategy makes about as many updates per epoch as single-learner training: the
-        strategies that combine the learners' gradients or models each step (allreduce, kavg,
-        adpsgd, hierarchical) update with the whole ``max_frames``; ring and asgd make one
-        update per learner minibatch, each ``1/P`` as large (see :meth:`lr_factor`).
-        """
-        if world == 1 or self.batch == "learner":
-            return max_frames
-        return max(1, max_frames // world)
-
-    def lr_factor(self, world: int) -> float:
-        """Learning-rate factor when ring or asgd update with ``1/P`` of the batch, else 1.
-
-        ``stale_lr: sqrt``: ``1/sqrt(P)`` (Adam's square-root scaling rule for a smaller
-        batch); ``linear``: ``1/P``, which also damps the staleness of their updates (a
-        gradient is ``P - 1`` updates old when it is applied).
-        """
-        if world > 1 and self.batch == "global" and self.strategy in SEQUENTIAL:
-            return 1.0 / (world if self.stale_lr == "linear" else math.sqrt(world))
-        return 1.0
-
-    def schedule_ticks(self, world: int, server: bool = False) -> float:
-        """Scheduler steps per ``max_frames`` of data read by all learners together.
-
-        With ``batch: global`` a learner step reads ``max_frames / P`` and the P learners
-        together read ``max_frames``: one tick per learner step, as one learner would. The
-        ASGD server (``server``) applies all P shares: P ticks. With ``batch: learner`` every
-        learner reads ``max_frames``: a learner step is P steps of data (1/P ticks), and each
-        gradient the server applies is one.
-        """
-        if world == 1:
-            return 1.0
-        if server:
-            return float(world) if self.batch == "global" else 1.0
-        return 1.0 if self.batch == "global" else 1.0 / world
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGY_NAMES:
-            raise ParallelError(f"unknown parallel strategy {self.strategy!r}; known: {', '.join(STRATEGY_NAMES)}")
-        if self.batch not in ("global", "learner"):
-            raise ParallelError(f"nnet.parallel.batch must be global or learner, not {self.batch!r}")
-        if self.overlap and (problem := overlap_conflict(self.strategy, self.compression)):
-            raise ParallelError(f"nnet.parallel.{problem}")
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
@@ -140,7 +73,7 @@ class Strategy:
     compressible = False
 
     def __init__(self, model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any,
-                 opts: ParallelOptions, rank: int, world: int, device: torch.device, clip: float) -> None:
+                 opts: Parallel, rank: int, world: int, device: torch.device, clip: float) -> None:
         self.model, self.optimiser, self.scheduler = model, optimiser, scheduler
         self.opts, self.rank, self.world, self.device, self.clip = opts, rank, world, device, clip
         self.times = StepTimes()

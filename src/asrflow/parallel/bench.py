@@ -18,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from asrflow.parallel.timing import StepTimes, predict_speedup
 
@@ -186,9 +187,10 @@ def _worker(argv: list[str] | None = None) -> None:
     import torch
 
     from asrflow.config import load_config
+    from asrflow.config.paths import Paths
+    from asrflow.config.settings import Parallel
     from asrflow.nnet.stage import train_options, training_data
     from asrflow.nnet.train import train
-    from asrflow.parallel.base import ParallelOptions
 
     p = argparse.ArgumentParser()
     p.add_argument("--config", nargs="+", required=True)
@@ -201,8 +203,9 @@ def _worker(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = load_config(*args.config)
-    targets, train_set, valid_set, _ = training_data(config, args.system, args.train, args.data, args.features,
-                                                     args.gmm)
+    targets, train_set, valid_set, _ = training_data(config, args.system, args.train,
+                                                     Paths(data=args.data, features=args.features, out=Path(args.state),
+                                                           gmm=args.gmm))
     opts = train_options(config, args.system, args.epochs)
     model = config["nnet"]["models"][args.system]
     trace = open(f"{args.trace}.rank{os.environ.get('RANK', '0')}.jsonl", "w") if args.trace else None
@@ -214,7 +217,7 @@ def _worker(argv: list[str] | None = None) -> None:
 
     summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
                     log_metrics=log_step, log=lambda m: None, objective=model["objective"], extra=targets.extra,
-                    state_dir=Path(args.state) / "state", parallel=ParallelOptions(**json.loads(args.parallel)))
+                    state_dir=Path(args.state) / "state", parallel=Parallel.defaults(**json.loads(args.parallel)))
     if trace is not None:
         trace.close()
     Path(f"{args.summary}.{os.environ.get('RANK', '0')}").write_text(json.dumps(summary))

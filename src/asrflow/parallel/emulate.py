@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from asrflow.config.settings import Parallel, Training
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import OBJECTIVES
-from asrflow.nnet.train import Schedule, TrainOptions, evaluate, newbob_update
+from asrflow.nnet.train import Schedule, evaluate, newbob_update
 from asrflow.parallel import overlap_conflict
-from asrflow.parallel.base import ParallelOptions, flat_grads, flat_params, load_grads, load_params
+from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
 from asrflow.parallel.topology import pairs
 
@@ -57,7 +58,7 @@ class EmulationResult:
 class _Learner:
     """One model with its own AdamW, learning-rate schedule and gradient clipping."""
 
-    def __init__(self, model: torch.nn.Module, opts: TrainOptions, ticks: float = 1.0) -> None:
+    def __init__(self, model: torch.nn.Module, opts: Training, ticks: float = 1.0) -> None:
         self.model, self.clip = model, opts.clip
         self.optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
         self.schedule = Schedule(opts.schedule, opts.warmup_steps, ticks)
@@ -128,7 +129,7 @@ class _Emulator:
 class _AllReduce(_Emulator):
     """One model: gradients of all learners averaged (each compressed with error feedback), one update."""
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str,
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, compression: str,
                  device: torch.device, ticks: float = 1.0) -> None:
         self.learners = [_Learner(copy.deepcopy(initial), opts, ticks)]
         numel = sum(p.numel() for p in initial.parameters())
@@ -151,7 +152,7 @@ class _Ring(_Emulator):
     missed: the reference is the link's error feedback (a residual on top would count the error twice).
     """
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, compression: str,
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, compression: str,
                  ticks: float = 1.0) -> None:
         self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
         self.token = flat_params(initial)  # what the next holder receives
@@ -190,7 +191,7 @@ class _KAvg(_Emulator):
     With ``overlap`` an average is taken in after the next local step: each learner's model becomes
     the average of the snapshots plus its own change since its snapshot."""
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, compression: str,
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, k: int, compression: str,
                  device: torch.device, ticks: float = 1.0, overlap: bool = False) -> None:
         self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
         self.k, self.steps, self.since_average = k, 0, 0
@@ -247,7 +248,7 @@ class _ADPSGD(_Emulator):
     averages its members' gradients and shares one model and optimiser (all-reduce inside a node).
     """
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, group_size: int = 1,
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, group_size: int = 1,
                  ticks: float = 1.0) -> None:
         self.group_size = group_size
         self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n // group_size)]
@@ -276,7 +277,7 @@ class _ASGD(_Emulator):
     so a gradient is n-1 updates stale; the server's schedule steps once per applied gradient
     (``ticks`` of them per max_frames of data)."""
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: TrainOptions, ticks: float = 1.0) -> None:
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, ticks: float = 1.0) -> None:
         self.learners = [_Learner(copy.deepcopy(initial), opts, ticks)]  # the server
         self.workers = [copy.deepcopy(initial) for _ in range(n)]
         self.clip = opts.clip
@@ -314,8 +315,8 @@ def _check(strategy: str, learners: int, k: int, group_size: int, compression: s
         raise ValueError("emulation trains the hybrid objective: the training set needs frame targets")
 
 
-def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: TrainOptions, k: int, group_size: int,
-              compression: str, device: torch.device, rule: ParallelOptions, overlap: bool = False) -> _Emulator:
+def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: Training, k: int, group_size: int,
+              compression: str, device: torch.device, rule: Parallel, overlap: bool = False) -> _Emulator:
     ticks = rule.schedule_ticks(n)  # the trainer's learning-rate schedule, per learner update
     if strategy == "allreduce":
         return _AllReduce(initial, n, opts, compression, device, ticks)
@@ -330,14 +331,14 @@ def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: TrainOption
     return _ASGD(initial, n, opts, rule.schedule_ticks(n, server=True))
 
 
-def _batch(dataset: FeatureDataset, indices: list[int], opts: TrainOptions, device: torch.device) -> dict:
+def _batch(dataset: FeatureDataset, indices: list[int], opts: Training, device: torch.device) -> dict:
     batch = collate([dataset[int(i)] for i in indices])
     if opts.chunk_frames:
         batch = chunk_batch(batch, opts.chunk_frames)
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: TrainOptions,
+def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: Training,
               device: torch.device) -> tuple[float, float]:
     """Held-out frame cross-entropy and frame accuracy (float32, no autocast)."""
     loss, accuracy = evaluate(model, valid_set, opts.max_frames, "hybrid", device)
@@ -345,7 +346,7 @@ def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: TrainOpti
 
 
 def emulate(strategy: str, learners: int, model_config: dict, train_set: FeatureDataset, valid_set: FeatureDataset,
-            num_classes: int, opts: TrainOptions, k: int = 4, group_size: int = 2, compression: str = "none",
+            num_classes: int, opts: Training, k: int = 4, group_size: int = 2, compression: str = "none",
             log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu",
             batch: str = "global", stale_lr: str = "sqrt", overlap: bool = False) -> EmulationResult:
     """Train ``learners`` virtual learners with ``strategy`` for ``opts.epochs`` epochs (no early stopping)
@@ -354,13 +355,13 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     ``k``: kavg's local steps between averages; ``group_size``: hierarchical's learners per group
     (must divide ``learners``); ``compression`` (``none``, ``1bit``, ``8bit``) applies to allreduce,
     ring and kavg only; ``batch`` splits ``opts.max_frames`` over the learners as the trainer does
-    (:meth:`asrflow.parallel.base.ParallelOptions.learner_frames`) and ``stale_lr`` scales the
-    ring's and asgd's rate as it does (:meth:`~asrflow.parallel.base.ParallelOptions.lr_factor`). The held-out set is evaluated after every epoch (logged; the newbob schedule
+    (:meth:`asrflow.config.settings.Parallel.learner_frames`) and ``stale_lr`` scales the
+    ring's and asgd's rate as it does (:meth:`~asrflow.config.settings.Parallel.lr_factor`). The held-out set is evaluated after every epoch (logged; the newbob schedule
     reacts to it as in training). ``overlap`` takes kavg's averages in one step late, as the trainer's
     ``nnet.parallel.overlap`` does.
     """
     _check(strategy, learners, k, group_size, compression, train_set, overlap)
-    rule = ParallelOptions(strategy=strategy, batch=batch, stale_lr=stale_lr)
+    rule = Parallel.defaults(strategy=strategy, batch=batch, stale_lr=stale_lr)
     frames = rule.learner_frames(opts.max_frames, learners)
     opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))
     samplers = [BucketBatchSampler(train_set.lengths, frames, opts.seed, rank, learners)

@@ -33,7 +33,7 @@ class ParameterServer:
         self.optimiser = type(optimiser)(self.model.parameters(),
                                          **{k: v for k, v in optimiser.defaults.items() if k in accepted})
         schedule = copy.deepcopy(scheduler.lr_lambdas[0])
-        schedule.ticks = ticks  # gradients applied per max_frames of data (ParallelOptions.schedule_ticks)
+        schedule.ticks = ticks  # gradients applied per max_frames of data (Parallel.schedule_ticks)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, schedule)
         self.lock = threading.Lock()
         self.updates = 0

@@ -103,7 +103,7 @@ class SimConfig:
     @property
     def single_node(self) -> bool:
         """Whether all learners share one multi-learner node (then every link is an intra-node one)."""
-        return 1 < self.group_size and self.learners <= self.group_size
+        return self.group_size > 1 and self.learners <= self.group_size
 
     @property
     def wire_bytes(self) -> float:

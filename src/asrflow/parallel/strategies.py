@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
+from asrflow.config.settings import STRATEGY_NAMES, Parallel
 from asrflow.parallel import ParallelError
-from asrflow.parallel.base import STRATEGY_NAMES, ParallelOptions, Strategy
+from asrflow.parallel.base import Strategy
 from asrflow.parallel.gossip import ADPSGD, Hierarchical
 from asrflow.parallel.ring import Ring
 from asrflow.parallel.server import ASGD
@@ -17,7 +18,7 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AllReduce, Ri
 assert tuple(STRATEGIES) == STRATEGY_NAMES
 
 
-def make_strategy(opts: ParallelOptions, model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any,
+def make_strategy(opts: Parallel, model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any,
                   rank: int, world: int, device: torch.device, clip: float) -> Strategy:
     """The learner's strategy object (plain single-learner SGD when ``world`` is 1)."""
     cls = STRATEGIES[opts.strategy]

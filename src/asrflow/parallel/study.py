@@ -13,8 +13,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from asrflow.parallel.timing import StepTimes, predict_speedup
 
@@ -64,12 +65,13 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
 
     ``nnet.parallel`` gives kavg's ``k`` and ``overlap``, ``batch`` and ``stale_lr``.
     """
+    from asrflow.config.paths import Paths
     from asrflow.nnet.stage import train_options, training_data
     from asrflow.parallel.emulate import COMPRESSIBLE, emulate
 
-    targets, train_set, valid_set, _ = training_data(config, system, train, data, features, gmm)
-    opts = train_options(config, system)
-    opts.epochs = epochs
+    targets, train_set, valid_set, _ = training_data(config, system, train,
+                                                     Paths(data=data, features=features, out=Path("."), gmm=gmm))
+    opts = train_options(config, system).replace(epochs=epochs)
     model = config["nnet"]["models"][system]
     parallel = config["nnet"]["parallel"]
     rows = []

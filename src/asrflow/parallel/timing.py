@@ -35,7 +35,7 @@ class StepTimes:
         return {("bytes_per_step" if k == "bytes" else f"t_{k}"): v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, values: dict[str, float]) -> "StepTimes":
+    def from_dict(cls, values: dict[str, float]) -> StepTimes:
         """Inverse of :meth:`as_dict` (missing keys are 0)."""
         names = {("bytes_per_step" if f.name == "bytes" else f"t_{f.name}"): f.name for f in fields(cls)}
         return cls(**{names[k]: float(v) for k, v in values.items() if k in names})

@@ -27,7 +27,7 @@ class ErrorCounts:
     utts: int = 0
     utts_wrong: int = 0
 
-    def add(self, other: "ErrorCounts") -> None:
+    def add(self, other: ErrorCounts) -> None:
         self.sub += other.sub
         self.dele += other.dele
         self.ins += other.ins

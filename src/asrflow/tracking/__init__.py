@@ -6,8 +6,8 @@ from asrflow.tracking.mlflow_runs import (
     end_pipeline_run,
     environment_info,
     flatten,
-    start_pipeline_run,
     stage_run,
+    start_pipeline_run,
     tracking_uri,
 )
 

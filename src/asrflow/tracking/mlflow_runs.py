@@ -132,8 +132,9 @@ class StageRun:
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if self.client is None:
             return
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step or 0) for k, v in sorted(metrics.items())]
@@ -143,8 +144,9 @@ class StageRun:
         """Log many steps' metrics in few requests (per-step training metrics, buffered by the caller)."""
         if self.client is None or not steps:
             return
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for step, metrics in steps for k, v in sorted(metrics.items())]

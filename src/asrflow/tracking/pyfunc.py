@@ -20,7 +20,6 @@ from mlflow.types import ParamSchema, ParamSpec
 
 from asrflow.tracking.mlflow_runs import StageRun
 
-
 #: ``params`` of ``predict``: ``one_speaker`` True normalises the files with their own joint statistics (one
 #: speaker's recordings, as the decode stage normalises a test speaker), False with the training speakers'.
 SIGNATURE = ModelSignature(inputs=None, params=ParamSchema([ParamSpec("one_speaker", "boolean", False)]))

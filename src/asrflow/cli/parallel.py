@@ -7,18 +7,21 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from asrflow.cli.common import with_config
 from asrflow.parallel.timing import StepTimes, predict_speedup
 
 DEFAULT_STRATEGIES = "allreduce,ring,kavg,adpsgd,hierarchical,asgd"
 
 
 def _ints(text: str) -> list[int]:
+    """The integers of a comma-separated list (``"1,2,4"``)."""
     return [int(x) for x in text.split(",") if x]
 
 
 def _log(message: str) -> None:
+    """Print a progress line on stderr (stdout carries the JSON rows), flushed."""
     print(message, file=sys.stderr, flush=True)
 
 
@@ -60,6 +63,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _network(args: argparse.Namespace) -> Any:
+    """The simulated network of the ``--bandwidth/--latency/--intra-*`` options."""
     from asrflow.parallel.simulate import Network
 
     return Network(bandwidth=args.bandwidth, latency=args.latency, intra_bandwidth=args.intra_bandwidth,
@@ -110,8 +114,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Measured speedups (one JSON line per strategy and learner count) and the human-readable table;
     with ``--study`` also the simulation, the emulation and the figures."""
     from asrflow.parallel.bench import ROW_KEYS, bench_parallel, table
-    from asrflow.parallel.study import (emulated_rows, predicted_rows, read_rows, simulated_rows, summary_markdown,
-                                        write_figures, write_rows)
+    from asrflow.parallel.study import (
+        emulated_rows,
+        predicted_rows,
+        read_rows,
+        simulated_rows,
+        summary_markdown,
+        write_figures,
+        write_rows,
+    )
 
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm}
     variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch,
@@ -148,13 +159,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _network_args(p: argparse.ArgumentParser) -> None:
+    """Add the simulated network's options (:func:`_network`) to ``p``."""
     p.add_argument("--bandwidth", type=float, default=1.25e9, help="between nodes, bytes/s (default 10 Gbit/s)")
     p.add_argument("--latency", type=float, default=5e-5, help="between nodes, s")
     p.add_argument("--intra-bandwidth", type=float, default=2.5e10, help="inside a node, bytes/s")
     p.add_argument("--intra-latency", type=float, default=5e-6)
 
 
-def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]) -> None:
+def register(sub: Any, bench: Any) -> None:
     """Add ``parallel {predict,simulate,emulate}`` to ``sub`` and ``parallel`` to the ``bench`` subparsers."""
     par = sub.add_parser("parallel", help="parallel training: timing model, simulator, convergence emulation")
     cmds = par.add_subparsers(dest="what", required=True)
@@ -186,6 +198,7 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.set_defaults(func=cmd_simulate)
 
     def data_args(p: argparse.ArgumentParser) -> None:
+        """Add the system, data and strategy options of ``emulate`` and ``bench parallel`` to ``p``."""
         p.add_argument("--system", default="dnn", help="a hybrid network of nnet.models")
         p.add_argument("--train", default="train")
         for name in ("data", "features", "gmm"):
@@ -209,7 +222,8 @@ def register(sub: Any, bench: Any, with_config: Callable[[argparse.ArgumentParse
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", choices=["global", "learner"], default="global",
                    help="nnet.parallel.batch: max_frames split over the learners, or max_frames each")
-    p.add_argument("--repeats", type=int, default=1, help="paired runs (one learner, then the strategy) per setting; the median speedup is kept")
+    p.add_argument("--repeats", type=int, default=1, help="paired runs (one learner, then the strategy) per "
+                   "setting; the median speedup is kept")
     p.add_argument("--pairing", choices=["before", "concurrent"], default="before",
                    help="each pair's single learner runs before the parallel run, or at the same time on spare "
                    "cores (both see the same drift of the machine)")

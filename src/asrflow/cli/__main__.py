@@ -1,0 +1,7 @@
+"""``python -m asrflow.cli``: the ``asrflow`` command line."""
+
+import sys
+
+from asrflow.cli import main
+
+sys.exit(main())

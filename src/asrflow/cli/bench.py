@@ -1,0 +1,88 @@
+"""``asrflow bench features|gmm|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from asrflow.cli.common import _load, _log, with_config
+from asrflow.config import ConfigError
+
+
+def cmd_bench_features(args: argparse.Namespace) -> int:
+    """Benchmark feature extraction speed vs Dask workers; print the JSON report."""
+    from asrflow.features.bench import run_benchmark
+
+    config = _load(args)
+    report = run_benchmark(config, args.data, [int(w) for w in args.workers.split(",")], args.out,
+                           repeats=args.repeats, log=_log)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_bench_gmm(args: argparse.Namespace) -> int:
+    """Benchmark the GMM E-step vs Dask workers and the alignment RTF; print the JSON report."""
+    from asrflow.gmm.bench import run_benchmark
+
+    config = _load(args)
+    report = run_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
+                           [int(w) for w in args.workers.split(",")], repeats=args.repeats, log=_log)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_bench_nnet(args: argparse.Namespace) -> int:
+    """Benchmark networks' training throughput; print the table."""
+    import torch
+
+    from asrflow.nnet.bench import run_benchmark, table
+
+    config = _load(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm, "lang": args.lang}
+    frames = [int(f) for f in args.max_frames.split(",")] if args.max_frames else [None]
+    try:
+        rows = run_benchmark(config, args.systems, paths, args.epochs, frames, args.out, log=_log)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    print(table(rows))
+    return 0
+
+
+def register(sub: Any) -> Any:
+    """Add ``bench {features,gmm,nnet}`` to the ``sub`` subparsers; return the ``bench`` subparsers."""
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    p = with_config(bench.add_parser("features", help="feature x-real-time vs workers and kaldi-native-fbank"))
+    p.add_argument("--data", required=True, help="data stage folder")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is kept)")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.set_defaults(func=cmd_bench_features)
+    p = with_config(bench.add_parser("gmm", help="E-step speed vs Dask workers, alignment RTF"))
+    for name in ("data", "features", "lang", "model"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--train", default="train")
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=cmd_bench_gmm)
+
+    p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"))
+    p.add_argument("--systems", nargs="+", required=True, help="names in nnet.models")
+    for name in ("data", "features"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--train", default="train")
+    p.add_argument("--gmm", help="GMM system folder with the alignments (hybrid networks)")
+    p.add_argument("--lang", help="lang folder (CTC over phones)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-frames", help="comma-separated batch sizes in frames (default: each network's own)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--out", default=None, help="append the JSON rows to this file")
+    p.set_defaults(func=cmd_bench_nnet)
+    return bench

@@ -1,0 +1,68 @@
+"""The typed settings: their fields are the schema's keys, and they are built from a resolved config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from asrflow.config import ConfigError
+from asrflow.config import settings as s
+from asrflow.config.settings import Decoding, Mmi, Parallel, SpecAugment, Training, Tuning, schema_defaults
+from asrflow.parallel import ParallelError
+from tests.conftest import make_config
+
+CLASSES = (SpecAugment, Mmi, Training, Parallel, Tuning, Decoding)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_fields_are_the_schema_keys(cls) -> None:
+    """Every key of the class's schema section is a field, and every field a key: the schema stays the one
+    source of keys and defaults, and a key added there without a field here fails."""
+    assert [f.name for f in dataclasses.fields(cls)] == list(schema_defaults(cls.SCHEMA))
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(cls))  # no defaults of its own
+
+
+def test_settings_are_built_from_the_resolved_config(tmp_path) -> None:
+    config = make_config(tmp_path, nnet={
+        "train": {"lr": 0.01, "specaugment": {"freq_width": 4}},
+        "parallel": {"strategy": "ring", "learners": 2},
+        "models": {"d": {"type": "dnn", "hidden": 64, "train": {"mmi": {"weight": 2.0}, "seed": 7},
+                         "parallel": {"learners": 4}},
+                   "d2": {"type": "dnn", "hidden": 64}, "e": {"type": "ensemble", "members": ["d", "d2"]}}},
+        evaluation={"systems": ["d", "e"]})
+    net = s.network(config, "d")
+    assert net.training.lr == 0.01 and net.training.seed == 7 and net.training.mmi.weight == 2.0
+    assert net.training.specaugment == SpecAugment(0, 4, 0, 20, 0.0)
+    assert net.parallel.strategy == "ring" and net.parallel.learners == 4
+    assert net.sizes["hidden"] == 64 and net.features == "fbank" and net.alignments == "tri" and net.trained
+    assert s.training(config, "d").replace(epochs=1).epochs == 1
+    assert s.training(config, "d2").seed == config["seed"] == 0  # the experiment's seed
+    assert s.network(config, "e").training is None and s.network(config, "e").members == ("d", "d2")
+    assert s.decoding(config).tune.enabled and s.decoding(config).shard_utts == 100
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        net.training.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="'nope' is not a network"):
+        s.network(config, "nope")
+
+
+def test_defaults_come_from_the_schema() -> None:
+    opts = Training.defaults(epochs=3, mmi={"weight": 1.0})
+    assert opts.epochs == 3 and opts.mmi == Mmi(1.0, 0.1, "graph", 3) and opts.seed == 0
+    assert opts.max_frames == schema_defaults("$defs/nnet_train")["max_frames"]
+    assert Parallel.defaults().strategy == schema_defaults("nnet.parallel")["strategy"]
+    with pytest.raises(ParallelError, match="unknown parallel strategy 'gossip'"):
+        Parallel.defaults(strategy="gossip")
+    with pytest.raises(ConfigError, match="unknown settings colour"):
+        Training.defaults(colour="red")
+
+
+def test_config_imports_no_network_code() -> None:
+    """Resolving a config (every Snakemake job does) never imports torch or asrflow.nnet."""
+    import subprocess
+    import sys
+
+    code = ("import sys, asrflow.config, asrflow.config.settings, asrflow.config.paths, asrflow.workflow; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('asrflow.nnet')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
