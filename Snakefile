@@ -3,6 +3,7 @@
 #   snakemake --cores all
 # and another with --configfile config/experiments/<name>.yaml.
 from asrflow.config import FMLLR_SYSTEMS, GMM_SYSTEMS
+from asrflow.data.perturb import perturbed_split
 from asrflow.workflow import (
     dask_threads,
     decode_nnet_fingerprint,
@@ -20,7 +21,6 @@ from asrflow.workflow import (
     optional_args,
     parallel_study_targets,
     per_attempt,
-    perturbed_split,
     compare_targets,
     pipeline_finished,
     pipeline_started,

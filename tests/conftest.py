@@ -14,6 +14,20 @@ from asrflow.config.schema import merge
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: test modules that start several processes per test (learners under torchrun): the slow tier with the workflow
+SLOW_MODULES = ("tests/parallel/test_strategies.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the slow tier: whole-workflow runs (marker ``workflow``, ``slurm``) and the multi-process modules.
+
+    ``pytest -m "not slow"`` is the quick tier for the development loop; CI runs everything.
+    """
+    for item in items:
+        module = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+        if item.get_closest_marker("workflow") or module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 def mirror_path() -> Path | None:
     env = os.environ.get("ASRFLOW_DATA_MIRROR")
