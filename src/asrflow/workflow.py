@@ -225,7 +225,8 @@ def fmllr_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, s
 
 
 def ensemble_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, Any]:
-    """Inputs of assembling ensemble ``system`` on ``train``: its members' networks, and what a hybrid is decoded with."""
+    """Inputs of assembling ensemble ``system`` on ``train``: its members' networks, and what a hybrid is
+    decoded with."""
     inputs: dict[str, Any] = nnet_inputs(config, train, system)
     inputs["members"] = [f"{results_dir(config)}/nnet/{train}/{m}" for m in config["nnet"]["models"][system]["members"]]
     return inputs
@@ -253,7 +254,8 @@ def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[s
 
 def optional_args(inputs: Any, *names: str) -> str:
     """``--name path`` for each of ``names`` present in a rule's ``input``."""
-    return " ".join(f"--{n} {inputs[n]}" for n in names if n in inputs.keys())
+    # Snakemake's InputFiles is a list subclass: `in` would test its paths, not its names
+    return " ".join(f"--{n} {inputs[n]}" for n in names if n in inputs.keys())  # noqa: SIM118
 
 
 def compare_targets(config: dict[str, Any]) -> list[str]:
@@ -284,7 +286,8 @@ def study_args(config: dict[str, Any]) -> str:
 
     return (f"--system {study['system']} --train train --strategies {join(study['strategies'])}"
             f" --compressions {join(study['compressions'])} --learners {join(study['learners'])}"
-            f" --epochs {study['epochs']} --repeats {study['repeats']} --simulate-learners {join(study['simulate_learners'])}"
+            f" --epochs {study['epochs']} --repeats {study['repeats']}"
+            f" --simulate-learners {join(study['simulate_learners'])}"
             f" --nodes {study['nodes']} --bandwidth {study['bandwidth']} --latency {study['latency']}"
             f" --emulate-learners {join(study['emulate_learners']) or 'none'}")
 

@@ -34,7 +34,8 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"experiment": "x", "corpus": {"name": "yesno"}, "featurs": {}}, "unknown config key 'featurs' (did you mean 'features'?)"),
+        ({"experiment": "x", "corpus": {"name": "yesno"}, "featurs": {}},
+         "unknown config key 'featurs' (did you mean 'features'?)"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"mfcc": {"num_cep": 13}}},
          "unknown config key 'features.mfcc.num_cep' (did you mean 'num_ceps'?)"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"dither": "lots"}},

@@ -26,7 +26,8 @@ def fbank(tmp_path_factory, mirror, dask_client_1):
 
 
 def test_dataset_applies_cmvn_and_checks_targets(fbank, tmp_path) -> None:
-    frames = {line.split()[0]: int(line.split()[1]) for line in (fbank / "fbank" / "train" / "utt2num_frames").read_text().splitlines()}
+    frames = {line.split()[0]: int(line.split()[1])
+              for line in (fbank / "fbank" / "train" / "utt2num_frames").read_text().splitlines()}
     utts = sorted(frames)
     ali = tmp_path / "pdfs.txt"
     lines = [f"{u} {' '.join(['3'] * frames[u])}" for u in utts[:-2]] + [f"{utts[-2]} 1 2 3"]

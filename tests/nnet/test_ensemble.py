@@ -20,7 +20,8 @@ MEMBERS = {"dnn": {"type": "dnn", "hidden": 16, "layers": 1, "context": 2},
 
 
 def ensemble_config(combine: str = "log_linear", evaluated: tuple[str, ...] = ("ens",)) -> dict:
-    return resolve_config({**REQUIRED, "nnet": {"models": {**MEMBERS, "ens": {"type": "ensemble", "members": ["dnn", "cnn"],
+    return resolve_config({**REQUIRED,
+                           "nnet": {"models": {**MEMBERS, "ens": {"type": "ensemble", "members": ["dnn", "cnn"],
                                                                   "combine": combine}}},
                            "evaluation": {"systems": list(evaluated)}})
 
@@ -96,7 +97,8 @@ def test_members_trained_on_other_alignments_are_refused(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("models, message", [
-    ({"ens": {"type": "ensemble", "members": ["dnn", "cn"]}}, "'cn' is not a network in nnet.models .did you mean 'cnn'"),
+    ({"ens": {"type": "ensemble", "members": ["dnn", "cn"]}},
+     "'cn' is not a network in nnet.models .did you mean 'cnn'"),
     ({"ctc": {"type": "cnn", "objective": "ctc"}, "ens": {"type": "ensemble", "members": ["dnn", "ctc"]}},
      "'ctc' is not a hybrid network"),
     ({"ens": {"type": "ensemble"}}, "an ensemble needs members"),

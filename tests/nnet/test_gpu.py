@@ -35,7 +35,7 @@ def test_every_model_learns_under_bf16_autocast(name: str, tmp_path: Path) -> No
     labels = synthetic_split(tmp_path)
     config, objective = MODELS[name]
     if objective == "ctc":  # the class sequence without repeats, as units 1..4
-        labels = {u: np.asarray([c + 1 for c in collapse(l)]) for u, l in labels.items()}
+        labels = {u: np.asarray([c + 1 for c in collapse(seq)]) for u, seq in labels.items()}
     data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels, objective == "hybrid",
                           subsampling=config.get("subsampling", 1))
     opts = Training.defaults(epochs=8, max_frames=2000, lr=5e-3, warmup_steps=5, patience=8, amp=True)

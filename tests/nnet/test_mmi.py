@@ -170,7 +170,8 @@ def test_the_training_stage_asks_for_the_graph_only_with_mmi_on(tmp_path: Path) 
     from asrflow.nnet.stage import mmi_criterion
 
     priors = torch.zeros(3)
-    assert mmi_criterion(Training.defaults(mmi={"weight": 0.0, "acoustic_scale": 0.1}), "dnn", None, None, priors) is None
+    off = Training.defaults(mmi={"weight": 0.0, "acoustic_scale": 0.1})
+    assert mmi_criterion(off, "dnn", None, None, priors) is None
     with pytest.raises(NnetError, match="--graph"):
         mmi_criterion(Training.defaults(mmi={"weight": 1.0, "acoustic_scale": 0.1}), "dnn", tmp_path, None, priors)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import kaldiio
 import numpy as np
@@ -38,7 +39,7 @@ def test_bundle_carries_pooled_statistics_only_for_per_speaker_cmvn(tmp_path) ->
     utt = bundle_files(config, "utt", "train", paths("utt"))
     np.testing.assert_allclose(np.load(spk["cmvn"]), [[5.0, 7.0, 9.0, 5.0], [8.0, 12.0, 23.0, 0.0]])
     assert "cmvn" not in utt and not (tmp_path / "utt" / "cmvn.npy").exists()  # each file its own mean
-    assert [json.loads(open(b["settings"]).read())["cmvn"] for b in (spk, utt)] == ["speaker", "utterance"]
+    assert [json.loads(Path(b["settings"]).read_text())["cmvn"] for b in (spk, utt)] == ["speaker", "utterance"]
 
 
 def test_one_speakers_files_are_normalised_with_their_joint_statistics() -> None:

@@ -47,7 +47,8 @@ for name, settings in runs.items():
                     parallel=Parallel.defaults(**{"timeout": 120, **settings}))
     import torch.distributed as dist
     rank = dist.get_rank() if dist.is_initialized() else 0
-    (out / f"{name}.{rank}.result.json").write_text(json.dumps({"name": name, "rank": rank, **{k: summary[k] for k in ("best_valid_loss", "best_valid_frame_accuracy",
+    (out / f"{name}.{rank}.result.json").write_text(json.dumps({"name": name, "rank": rank, **{k: summary[k] \
+for k in ("best_valid_loss", "best_valid_frame_accuracy",
           "strategy", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step",
           "steps", "world_size")}}))
 """

@@ -130,7 +130,8 @@ def test_a_global_batch_is_split_over_the_learners_and_sequential_updates_scale_
     assert Parallel.defaults(strategy="allreduce").learner_frames(4000, 2) == 2000
     assert Parallel.defaults(strategy="ring").learner_frames(4000, 1) == 4000
     assert Parallel.defaults(strategy="kavg", batch="learner").learner_frames(4000, 4) == 4000
-    assert Parallel.defaults(strategy="ring").lr_factor(4) == 0.5 and Parallel.defaults(strategy="asgd").lr_factor(1) == 1
+    assert Parallel.defaults(strategy="ring").lr_factor(4) == 0.5
+    assert Parallel.defaults(strategy="asgd").lr_factor(1) == 1
     assert Parallel.defaults(strategy="adpsgd").lr_factor(4) == 1.0
     assert Parallel.defaults(strategy="asgd", stale_lr="linear").lr_factor(4) == 0.25
     assert Parallel.defaults(strategy="kavg", stale_lr="linear").lr_factor(4) == 1.0

@@ -83,7 +83,8 @@ def test_mlflow_runs(yesno_run: Path) -> None:
         if stage != "pipeline-yesno":
             assert runs[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
             assert runs[stage].info.status == "FINISHED"
-    assert runs["data"].data.metrics["utterances"] == 60 and runs["data"].data.metrics["split.train_sp.utterances"] == 93
+    assert runs["data"].data.metrics["utterances"] == 60
+    assert runs["data"].data.metrics["split.train_sp.utterances"] == 93
     for stage in ("features-mfcc", "features-fbank"):
         assert runs[stage].data.metrics["utterances"] == 60 + 62  # and the speed-perturbed copies
     assert runs["align-tri-train_sp"].data.metrics["aligned"] == 93
@@ -103,7 +104,8 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
     planned = jobs_planned(out.stdout)
     # fbank feeds the networks only: the GMM side (mfcc) stays as it is
-    assert planned == {"features", "nnet", "ensemble", "tune_nnet", "decode_nnet", "score", "compare", "all"}, out.stdout
+    assert planned == {"features", "nnet", "ensemble", "tune_nnet", "decode_nnet", "score", "compare",
+                       "all"}, out.stdout
     outputs = re.findall(r"^\s+output: (\S+)", out.stdout, flags=re.M)
     assert "results/yesno/features/fbank" in outputs and "results/yesno/features/mfcc" not in outputs
     assert not any("/gmm/" in o or "/decode/tri/" in o for o in outputs), out.stdout

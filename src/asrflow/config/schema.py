@@ -219,7 +219,7 @@ def _check_systems(config: dict[str, Any]) -> None:
                                 for key in ("overlap", "compression"))
         if overlap and (problem := overlap_conflict(strategy, compression)):
             raise ConfigError(f"config key 'nnet.models.{name}.parallel': {problem}")
-    for name, model in models.items():
+    for name in models:
         _check_features(config, name)
     for name, model in models.items():
         try:

@@ -169,7 +169,8 @@ def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.
         candidates = [] if blank > opts.blank_skip else _candidates(frame, opts)
         nxt: dict[tuple, list[float]] = {}
 
-        def add(prefix: tuple, blank_end: float, non_blank_end: float) -> None:
+        def add(prefix: tuple, blank_end: float, non_blank_end: float,
+                nxt: dict[tuple, list[float]] = nxt) -> None:
             slot = nxt.setdefault(prefix, [NEG_INF, NEG_INF])
             slot[0], slot[1] = _lse(slot[0], blank_end), _lse(slot[1], non_blank_end)
 

@@ -37,7 +37,8 @@ class DecodeOptions:
 def gmm_decode_options(decode: dict) -> DecodeOptions:
     """A GMM's lattice-faster settings from the config's ``decode`` section."""
     return DecodeOptions(beam=decode["beam"], max_active=decode["max_active"], lattice_beam=decode["lattice_beam"],
-                         acoustic_scale=decode["acoustic_scale"], insertion_penalty=decode.get("insertion_penalty", 0.0))
+                         acoustic_scale=decode["acoustic_scale"],
+                         insertion_penalty=decode.get("insertion_penalty", 0.0))
 
 
 def gmm_decodable(model: GmmModel, feats: np.ndarray, scale: float):

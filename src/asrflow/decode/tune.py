@@ -178,7 +178,8 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
         "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
     log(f"{system}: {len(points)} decoder settings on {info['utterances']} held-out utterances "
-        f"({info['words']} words, {100 * info['oov_rate']:.1f} % out of the tuning LM's vocabulary): errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
+        f"({info['words']} words, {100 * info['oov_rate']:.1f} % out of the tuning LM's vocabulary): "
+        f"errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
         f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")
     return info
 

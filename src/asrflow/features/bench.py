@@ -117,7 +117,8 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, workers: list[in
             first = row["asrflow"][workers[0]]["parallel_phase_seconds"]
             row["parallel_phase_speedup"] = {n: round(first / v["parallel_phase_seconds"], 2)
                                              for n, v in row["asrflow"].items()}
-            row["vs_kaldi_native_fbank_per_worker"] = round(knf_best / row["asrflow"][workers[0]]["seconds"] / workers[0], 2)
+            row["vs_kaldi_native_fbank_per_worker"] = round(
+                knf_best / row["asrflow"][workers[0]]["seconds"] / workers[0], 2)
             row["agreement"] = agreement(utts[: min(300, len(utts))], opts)
             log(f"{kind} agreement with kaldi-native-fbank: {row['agreement']}")
             report["kinds"][kind] = row
@@ -144,7 +145,8 @@ def markdown(report: dict[str, Any], workers: list[int]) -> str:
         k = row["kaldi_native_fbank"]
         lines.append(f"| {kind} | kaldi-native-fbank, 1 process | {k['seconds']} | {k['x_real_time']} | "
                      f"{k['x_real_time']} | | |")
-    lines += ["", "| kind | max abs diff | p99 abs diff | mean abs diff | correlation | values |", "|---|---|---|---|---|---|"]
+    lines += ["", "| kind | max abs diff | p99 abs diff | mean abs diff | correlation | values |",
+              "|---|---|---|---|---|---|"]
     for kind, row in report["kinds"].items():
         a = row["agreement"]
         lines.append(f"| {kind} | {a['max_abs_diff']:.2e} | {a['p99_abs_diff']:.2e} | {a['mean_abs_diff']:.2e} | "

@@ -185,7 +185,8 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
     out.mkdir(parents=True, exist_ok=True)
     cfg = config["fmllr"]
     opts = AdaptOptions(gmm_decode_options(config["decode"]),
-                        AlignOptions(beam=config["gmm"][system]["beam"], retry_beam=config["gmm"][system]["retry_beam"]),
+                        AlignOptions(beam=config["gmm"][system]["beam"],
+                                     retry_beam=config["gmm"][system]["retry_beam"]),
                         cfg["silence_weight"])
     model = GmmModel.load(gmm_dir)
     blob = broadcast(client, model.to_bytes())

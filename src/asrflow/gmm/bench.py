@@ -56,7 +56,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
             log(f"{n} worker(s): realign {timings['realign']:.2f} s, accumulate {timings['accumulate']:.2f} s, "
                 f"alignment RTF {timings['realign_in_task'] / audio:.4f}")
     first = report["runs"][workers[0]]
-    for n, row in report["runs"].items():
+    for row in report["runs"].values():
         row["realign_speedup"] = round(first["realign_seconds"] / row["realign_seconds"], 2)
         row["accumulate_speedup"] = round(first["accumulate_seconds"] / row["accumulate_seconds"], 2)
         row["iteration_speedup"] = round((first["realign_seconds"] + first["accumulate_seconds"])

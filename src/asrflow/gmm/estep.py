@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def _compiler(model: GmmModel, lang_dir: str, tree_key: bytes):
     key = (lang_dir, tree_key)
     if key not in _COMPILERS:
         lexicon = kfst.StdVectorFst.read(f"{lang_dir}/L.fst")
-        disambig = [int(x) for x in open(f"{lang_dir}/disambig.int").read().split()]
+        disambig = [int(x) for x in Path(f"{lang_dir}/disambig.int").read_text().split()]
         opts = khg.TrainingGraphCompilerOptions(transition_scale=0.0, self_loop_scale=0.0)
         tm = khg.TransitionModel(ctx_dep=model.tree, hmm_topo=model.topo)
         compiler = khg.TrainingGraphCompiler(trans_model=tm, ctx_dep=model.tree, lex_fst=lexicon,

@@ -203,7 +203,8 @@ def _two_means(stats: dict[int, tuple], members: list[int], var_floor: float) ->
             gains = []
             for c in centres:
                 merged = (c[0] + stats[p][0], c[1] + stats[p][1], c[2] + stats[p][2])
-                gains.append(float(objf(merged[0], merged[1], merged[2], var_floor) - objf(c[0], c[1], c[2], var_floor)))
+                gains.append(float(objf(merged[0], merged[1], merged[2], var_floor)
+                                   - objf(c[0], c[1], c[2], var_floor)))
             new[int(np.argmax(gains))].append(p)
         if not new[0] or not new[1]:
             break

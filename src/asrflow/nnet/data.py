@@ -205,7 +205,8 @@ def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, settings: SpecAugme
     """A copy of ``feats`` (B, T, D) with SpecAugment's frequency and time masks (value 0) per utterance.
 
     With ``freq_warp`` w > 0, each utterance's bins are first stretched by a factor drawn from
-    1 ± w (:func:`warp_bins`: vocal-tract-length perturbation on filterbank features). ``settings``: ``freq_masks`` bands of up to ``freq_width`` bins and ``time_masks`` spans of
+    1 ± w (:func:`warp_bins`: vocal-tract-length perturbation on filterbank features).
+    ``settings``: ``freq_masks`` bands of up to ``freq_width`` bins and ``time_masks`` spans of
     up to ``time_width`` frames (and at most a fifth of the utterance) each; widths and starts
     come from ``generator``. Padding frames are left alone.
     """

@@ -42,7 +42,8 @@ def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:
         return torch.log_softmax(logits[0, : int(lengths[0])].float(), dim=-1).numpy()
 
 
-def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray], max_frames: int = 20000) -> list[np.ndarray]:
+def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray],
+                         max_frames: int = 20000) -> list[np.ndarray]:
     """:func:`log_posteriors` of many utterances, run in length-sorted padded batches.
 
     Batches hold at most ``max_frames`` padded frames; padding repeats each utterance's last

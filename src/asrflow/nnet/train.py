@@ -145,10 +145,11 @@ def _to(batch: dict, device: torch.device) -> dict:
 
 
 def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, objective: str = "hybrid",
-             device: torch.device = torch.device("cpu"), amp: bool = False,
+             device: torch.device | None = None, amp: bool = False,
              criterion: Callable | None = None) -> tuple[float, float | None]:
     """Held-out loss (per frame for hybrid, per utterance for CTC) and frame accuracy (hybrid), by
     ``criterion`` when given (a combined objective such as MMI's), else the objective's own loss."""
+    device = device or torch.device("cpu")
     loss_fn = criterion or OBJECTIVES[objective]
     model.eval()
     loss_sum = count = correct = 0.0
@@ -265,7 +266,8 @@ class _Run:
         # what a checkpoint must have been written with to be resumed (prefetching changes no result)
         self.identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
                               sorted((k, v) for k, v in vars(opts).items() if k != "prefetch"),
-                              len(train_set), self.world, sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
+                              len(train_set), self.world,
+                              sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
                               weights_digest(init["model"]) if init is not None else None))
         self.header = {"config": dict(model_config), "num_classes": num_classes, "input_dim": input_dim,
                        "objective": objective, **(extra or {})}

@@ -59,7 +59,8 @@ def bundle_files(config: dict[str, Any], system: str, train: str, paths: Paths,
     model = config["nnet"]["models"][system]
     kind = decoder_kind(model)
     decode = {**config["nnet"]["decode"], **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}
-    opts = FeatureOptions.from_config(config["features"], model_features(config, system), config["audio"]["sample_rate"])
+    opts = FeatureOptions.from_config(config["features"], model_features(config, system),
+                                      config["audio"]["sample_rate"])
     cmvn = model_cmvn(config, system)
     settings = {"system": system, "objective": model["objective"], "decoder": kind, "features": asdict(opts),
                 "cmvn": cmvn, "decode": decode, "tuned": tuned or {}, "graph_decode": config["decode"],

@@ -11,6 +11,7 @@ learner program that ``torchrun`` starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -37,7 +38,8 @@ def free_port() -> int:
 
 
 def run_learners(config_files: list[str], system: str, paths: dict[str, str], parallel: dict[str, Any],
-                 epochs: int, threads: int, timeout: float = 3600, trace: str | Path | None = None) -> list[dict[str, Any]]:
+                 epochs: int, threads: int, timeout: float = 3600,
+                 trace: str | Path | None = None) -> list[dict[str, Any]]:
     """Train ``system`` with ``parallel['learners']`` processes; every learner's training summary.
 
     With ``trace`` every learner writes its per-step metrics (the step's times, loss, learning
@@ -77,7 +79,8 @@ def split_efficiency(baseline: dict[str, Any], summaries: list[dict[str, Any]]) 
     return work(baseline) / sum(work(s) for s in summaries)
 
 
-def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str, Any], parallel: dict[str, Any]) -> dict:
+def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str, Any],
+              parallel: dict[str, Any]) -> dict:
     """One JSON line: measured and predicted speedup with the step times (means over learners) behind it.
 
     The job takes as long as its slowest learner; bytes are the mean a learner sends per step.
@@ -208,18 +211,18 @@ def _worker(argv: list[str] | None = None) -> None:
                                                            gmm=args.gmm))
     opts = train_options(config, args.system, args.epochs)
     model = config["nnet"]["models"][args.system]
-    trace = open(f"{args.trace}.rank{os.environ.get('RANK', '0')}.jsonl", "w") if args.trace else None
-    began = time.perf_counter()
+    with contextlib.ExitStack() as stack:  # the trace file stays open for the whole training run
+        trace = (stack.enter_context(open(f"{args.trace}.rank{os.environ.get('RANK', '0')}.jsonl", "w"))
+                 if args.trace else None)
+        began = time.perf_counter()
 
-    def log_step(step: int, metrics: dict[str, Any]) -> None:
-        if trace is not None:
-            trace.write(json.dumps({"step": step, "seconds": time.perf_counter() - began, **metrics}) + "\n")
+        def log_step(step: int, metrics: dict[str, Any]) -> None:
+            if trace is not None:
+                trace.write(json.dumps({"step": step, "seconds": time.perf_counter() - began, **metrics}) + "\n")
 
-    summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
-                    log_metrics=log_step, log=lambda m: None, objective=model["objective"], extra=targets.extra,
-                    state_dir=Path(args.state) / "state", parallel=Parallel.defaults(**json.loads(args.parallel)))
-    if trace is not None:
-        trace.close()
+        summary = train(model, opts, train_set, valid_set, targets.num_classes, Path(args.state) / "out",
+                        log_metrics=log_step, log=lambda m: None, objective=model["objective"], extra=targets.extra,
+                        state_dir=Path(args.state) / "state", parallel=Parallel.defaults(**json.loads(args.parallel)))
     Path(f"{args.summary}.{os.environ.get('RANK', '0')}").write_text(json.dumps(summary))
 
 

@@ -356,7 +356,8 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     (must divide ``learners``); ``compression`` (``none``, ``1bit``, ``8bit``) applies to allreduce,
     ring and kavg only; ``batch`` splits ``opts.max_frames`` over the learners as the trainer does
     (:meth:`asrflow.config.settings.Parallel.learner_frames`) and ``stale_lr`` scales the
-    ring's and asgd's rate as it does (:meth:`~asrflow.config.settings.Parallel.lr_factor`). The held-out set is evaluated after every epoch (logged; the newbob schedule
+    ring's and asgd's rate as it does (:meth:`~asrflow.config.settings.Parallel.lr_factor`).
+    The held-out set is evaluated after every epoch (logged; the newbob schedule
     reacts to it as in training). ``overlap`` takes kavg's averages in one step late, as the trainer's
     ``nnet.parallel.overlap`` does.
     """

@@ -49,7 +49,8 @@ class Ring(Strategy):
         self.receiving: Any = None
         self.sending: Any = None
         compressed = self.opts.compression != "none"
-        self.ref_in = flat_params(self.model) if compressed else None  # the model as the incoming link last delivered it
+        # the model as the incoming link last delivered it
+        self.ref_in = flat_params(self.model) if compressed else None
         self.ref_out = flat_params(self.model) if compressed else None
         self.transmit_estimate = self._measure_transmit() if self.world > 1 else 0.0
 

@@ -80,7 +80,8 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
         for compression in compressions:
             if compression != "none" and strategy not in COMPRESSIBLE:
                 continue
-            overlap = bool(parallel["overlap"]) and strategy == "kavg" and compression == "none"  # nnet.parallel.overlap
+            # nnet.parallel.overlap
+            overlap = bool(parallel["overlap"]) and strategy == "kavg" and compression == "none"
             for n in learners:
                 group = parallel["group_size"] if strategy == "hierarchical" and n % parallel["group_size"] == 0 \
                     else 1
