@@ -39,18 +39,18 @@ if hooks.get("stall_rank") is not None:  # a learner that hangs in its computati
 frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_frames").items()}
 targets = {u: (np.arange(n) * 4 // n) for u, n in frames.items()}  # 4 classes by position in the utterance
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
-opts = Training.defaults(epochs=hooks.get("epochs", 5), max_frames=1000, lr=3e-3, warmup_steps=5, checkpoint_every=4,
-                    patience=50, seed=3)
+opts = Training.defaults(epochs=hooks.get("epochs", 5), max_frames=1000, lr=3e-3, warmup_steps=5,
+                         checkpoint_every=4, patience=50, seed=3)
 for name, settings in runs.items():
     summary = train({"type": "dnn", "hidden": 48, "layers": 2, "context": 2, "dropout": 0.0}, opts, data, data, 4,
                     out / name, log=lambda m: print("LOG", m, flush=True),
                     parallel=Parallel.defaults(**{"timeout": 120, **settings}))
     import torch.distributed as dist
     rank = dist.get_rank() if dist.is_initialized() else 0
-    (out / f"{name}.{rank}.result.json").write_text(json.dumps({"name": name, "rank": rank, **{k: summary[k] \
-for k in ("best_valid_loss", "best_valid_frame_accuracy",
-          "strategy", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step",
-          "steps", "world_size")}}))
+    keys = ("best_valid_loss", "best_valid_frame_accuracy", "strategy", "mean_t_calc", "mean_t_transmit",
+            "mean_t_merge", "mean_t_wait", "mean_bytes_per_step", "steps", "world_size")
+    result = {"name": name, "rank": rank, **{k: summary[k] for k in keys}}
+    (out / f"{name}.{rank}.result.json").write_text(json.dumps(result))
 """
 
 
