@@ -57,6 +57,16 @@ def test_defaults_come_from_the_schema() -> None:
         Training.defaults(colour="red")
 
 
+def test_a_saved_models_decoding_settings_load_with_todays_keys() -> None:
+    """A bundle saved before a key existed decodes with its default (a TLG's penalty: the hybrids' one it used),
+    and keys since removed are ignored."""
+    saved = {"acoustic_scale": 0.2, "insertion_penalty": 1.5, "edge_filler_cost": 0.0,
+             "tune": {"enabled": True, "edge_fragments": {"enabled": True}}}
+    decode = Decoding.from_saved(saved)
+    assert decode.acoustic_scale == 0.2 and decode.tlg_insertion_penalty == 1.5 and decode.beam == 8
+    assert decode.tune.enabled and Decoding.from_saved(decode.as_dict()) == decode
+
+
 def test_config_imports_no_network_code() -> None:
     """Resolving a config (every Snakemake job does) never imports torch or asrflow.nnet."""
     import subprocess

@@ -244,6 +244,20 @@ class Decoding(Settings):
     shard_utts: int
     tune: Tuning
 
+    @classmethod
+    def from_saved(cls, values: dict[str, Any]) -> Decoding:
+        """The settings a saved model (an MLflow pyfunc bundle's ``settings.json``) decodes with: keys it lacks
+        take the schema's defaults (a TLG's insertion penalty: the hybrids', as before it had its own), keys no
+        longer known are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        base = schema_defaults(cls.SCHEMA)
+        merged = {**base, **{k: v for k, v in values.items() if k in names}}
+        if "tlg_insertion_penalty" not in values and "insertion_penalty" in values:
+            merged["tlg_insertion_penalty"] = values["insertion_penalty"]
+        tuning = {f.name for f in dataclasses.fields(Tuning)}
+        merged["tune"] = {**base["tune"], **{k: v for k, v in dict(merged["tune"]).items() if k in tuning}}
+        return cls.from_dict(merged)
+
 
 @dataclass(frozen=True)
 class Network:

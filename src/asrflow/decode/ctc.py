@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asrflow.config.settings import Decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
 from asrflow.gmm.estep import Shard, features
 from asrflow.lang.lm import BOS, EOS, UNK, ArpaLM
@@ -42,11 +43,10 @@ class SearchOptions:
     vocabulary: str = "open"  # closed: only the LM's words
 
 
-def search_options(nnet_decode: dict) -> SearchOptions:
+def search_options(nnet_decode: Decoding) -> SearchOptions:
     """The prefix beam search settings of ``nnet.decode``."""
-    return SearchOptions(beam=nnet_decode["beam"], lm_weight=nnet_decode["lm_weight"],
-                         word_bonus=nnet_decode["word_bonus"], prune=nnet_decode["prune"],
-                         vocabulary=nnet_decode["vocabulary"])
+    return SearchOptions(beam=nnet_decode.beam, lm_weight=nnet_decode.lm_weight, word_bonus=nnet_decode.word_bonus,
+                         prune=nnet_decode.prune, vocabulary=nnet_decode.vocabulary)
 
 
 @dataclass(frozen=True)
@@ -82,15 +82,13 @@ def vocabulary_for(opts: SearchOptions, lm: ArpaLM | None) -> Vocabulary | None:
 _VOCABULARIES: weakref.WeakKeyDictionary[ArpaLM, Vocabulary] = weakref.WeakKeyDictionary()
 
 
-def graph_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
+def graph_options(nnet_decode: Decoding, graph_decode: dict) -> DecodeOptions:
     """Decoder settings of a CTC network through TLG: ``tlg_acoustic_scale``, ``tlg_insertion_penalty``, beam
     and active states as hybrids."""
-    # pyfunc models saved before tlg_insertion_penalty existed decoded with the hybrids' penalty
-    penalty = nnet_decode.get("tlg_insertion_penalty", nnet_decode["insertion_penalty"])
-    return DecodeOptions(beam=nnet_decode.get("graph_beam") or graph_decode["beam"],
-                         max_active=nnet_decode.get("max_active") or graph_decode["max_active"],
-                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["tlg_acoustic_scale"],
-                         insertion_penalty=penalty)
+    return DecodeOptions(beam=nnet_decode.graph_beam or graph_decode["beam"],
+                         max_active=nnet_decode.max_active or graph_decode["max_active"],
+                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode.tlg_acoustic_scale,
+                         insertion_penalty=nnet_decode.tlg_insertion_penalty)
 
 
 def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str,

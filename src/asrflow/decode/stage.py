@@ -12,6 +12,7 @@ import numpy as np
 from asrflow.cluster import broadcast, run_sharded
 from asrflow.config import model_cmvn
 from asrflow.config.paths import Paths
+from asrflow.config.settings import decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_settings, gmm_decode_options, rtf
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
@@ -126,7 +127,7 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
     from asrflow.decode import ctc
     from asrflow.nnet import NnetError, hybrid
 
-    dcfg = config["nnet"]["decode"]
+    dcfg = decoding(config)
     network = str(Path(net_dir).resolve() / "final.pt")
     units = [len(s.utts) for s in shards]
     if config["nnet"]["models"][system]["objective"] == "hybrid":

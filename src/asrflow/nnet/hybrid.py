@@ -11,18 +11,19 @@ import time
 
 import numpy as np
 
+from asrflow.config.settings import Decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
 
 
-def decode_options(nnet_decode: dict, graph_decode: dict) -> DecodeOptions:
+def decode_options(nnet_decode: Decoding, graph_decode: dict) -> DecodeOptions:
     """Lattice-faster settings of a hybrid: ``nnet.decode`` beam and active states, else the GMM's ``decode``."""
-    return DecodeOptions(beam=nnet_decode.get("graph_beam") or graph_decode["beam"],
-                         max_active=nnet_decode.get("max_active") or graph_decode["max_active"],
-                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode["acoustic_scale"],
-                         insertion_penalty=nnet_decode["insertion_penalty"])
+    return DecodeOptions(beam=nnet_decode.graph_beam or graph_decode["beam"],
+                         max_active=nnet_decode.max_active or graph_decode["max_active"],
+                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode.acoustic_scale,
+                         insertion_penalty=nnet_decode.insertion_penalty)
 
 
 def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-8) -> np.ndarray:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.config.paths import Paths
+from asrflow.config.settings import Decoding
 from asrflow.features.compute import FeatureOptions, compute
 from asrflow.features.transforms import apply_cmvn
 
@@ -143,7 +144,7 @@ class Transcriber:
         from asrflow.nnet.inference import log_posteriors
 
         feats = self.featurise(paths, one_speaker)
-        decode = self.settings["decode"]
+        decode = Decoding.from_saved(self.settings["decode"])
         if self.kind in ("hclg", "tlg"):
             from asrflow.decode.ctc import graph_options, scaled_posteriors
             from asrflow.decode.decoder import decode_settings
