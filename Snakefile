@@ -15,6 +15,7 @@ from asrflow.workflow import (
     gmm_tune_inputs,
     launch_resources,
     network_systems,
+    nnet_threads,
     nnet_decode_inputs,
     nnet_tune_inputs,
     nnet_inputs,

@@ -8,6 +8,8 @@ rule data:
         config=RESOLVED,
         # Reruns when these sections change (the resolved config file itself is not an input).
         fingerprint=stage_fingerprint(config, "data"),
+        # the rejection report's copy that stays when the job fails (Snakemake removes a failed job's output)
+        report=f"{RESULTS}/logs/data.report.tsv",
     threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
@@ -19,4 +21,5 @@ rule data:
     conda:
         "../envs/cpu.yaml"
     shell:
-        "asrflow data --config {params.config} --out {output} --workers {threads} > {log} 2>&1"
+        "asrflow data --config {params.config} --out {output} --report {params.report} --workers {threads}"
+        " > {log} 2>&1"

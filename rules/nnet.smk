@@ -18,7 +18,7 @@ rule nnet:
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
         optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang", "init"),
-    threads: workflow.cores
+    threads: nnet_threads(config, workflow.cores)
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
         runtime=per_attempt(720),  # minutes (sbatch -t)

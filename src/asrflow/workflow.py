@@ -64,9 +64,19 @@ def per_attempt(base: int) -> Callable[..., int]:
 
 
 def dask_threads(config: dict[str, Any], cores: int) -> int:
-    """CPUs a Dask stage's own job needs: all of ``cores`` for a local cluster, else one (the
-    scheduler; the workers are Slurm jobs or already running), so its CPUs go to the workers."""
-    return cores if config["dask"]["cluster"] == "local" else 1
+    """CPUs a Dask stage's own job needs: for a local cluster its ``dask.workers`` (null: all of ``cores``),
+    else one (the scheduler; the workers are Slurm jobs or already running), so its CPUs go to the workers.
+
+    Fewer than all cores lets Snakemake run several small jobs at once (a tiny corpus, whose jobs are
+    mostly start-up)."""
+    if config["dask"]["cluster"] != "local":
+        return 1
+    return min(cores, config["dask"]["workers"] or cores)
+
+
+def nnet_threads(config: dict[str, Any], cores: int) -> int:
+    """CPU threads of one network's training job: ``nnet.threads``, null meaning all of ``cores``."""
+    return min(cores, config["nnet"]["threads"] or cores)
 
 
 def launch_resources(config: dict[str, Any], system: str) -> dict[str, Any]:

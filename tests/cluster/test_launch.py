@@ -126,7 +126,19 @@ def test_dask_on_slurm_options(tmp_path) -> None:
     assert dask_threads(config, 8) == 1  # the stage's job only holds the scheduler
     with_interface = make_config(tmp_path, dask={"cluster": "slurm", "slurm": {"interface": "lo"}})
     assert slurm_options(with_interface["dask"])["interface"] == "lo"
-    assert dask_threads(make_config(tmp_path), 8) == 8
+    assert dask_threads(make_config(tmp_path, dask={"workers": None}), 8) == 8  # a local cluster: every core
+    assert dask_threads(make_config(tmp_path), 8) == 1  # make_config's dask.workers 1: one core, jobs side by side
+
+
+def test_a_networks_job_takes_nnet_threads(tmp_path) -> None:
+    """nnet.threads (null: every core) sets the training job's threads; it changes no fingerprint."""
+    from asrflow.workflow import nnet_threads
+
+    every, one = make_config(tmp_path), make_config(tmp_path, nnet={"threads": 1})
+    assert nnet_threads(every, 8) == 8 and nnet_threads(one, 8) == 1 and nnet_threads(one, 0 + 1) == 1
+    for config in (every, one):
+        config["nnet"]["models"] = {"dnn": {"type": "dnn"}}
+    assert stage_fingerprint(every, "nnet", system="dnn") == stage_fingerprint(one, "nnet", system="dnn")
 
 
 def test_the_rule_passes_the_config_not_the_launch_settings(tmp_path) -> None:

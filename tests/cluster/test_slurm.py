@@ -31,7 +31,7 @@ STATE = Path(os.environ.get("ASRFLOW_SLURM_STATE", "/tmp/asrflow-slurm"))
 SYSTEMS = ("mono", "tri", "dnn")
 OVERLAY = f"""\
 dask: {{cluster: slurm, workers: 2, slurm: {{start_timeout: 300}}}}
-nnet: {{parallel: {{launcher: srun}}}}   # through srun even on one node, as a multi-node job would
+nnet: {{threads: 2, parallel: {{launcher: srun}}}}   # through srun even on one node, as a multi-node job would
 evaluation: {{systems: [{', '.join(SYSTEMS)}]}}
 """
 

@@ -126,3 +126,31 @@ def test_download_verify_and_unpack(tmp_path: Path) -> None:
     finally:
         server.shutdown()
     assert not (tmp_path / "downloads" / "x").exists()
+
+
+@pytest.mark.parametrize("layout", ["root", "parent", "own"])
+def test_kaldi_dir_resolves_relative_wav_paths(tmp_path: Path, layout: str) -> None:
+    """Relative wav.scp paths are found against the data dir's parent (speechocean762: <root>/WAVE/... with
+    <root>/train/wav.scp), corpus.path, or the data dir itself; never against the working directory."""
+    root = tmp_path / "corpus"
+    data = root / "train"
+    data.mkdir(parents=True)
+    where = {"root": root, "parent": root, "own": data}[layout]
+    write_wav(where / "WAVE" / "SPEAKER0001" / "000010011.WAV", 0.5)
+    (data / "wav.scp").write_text("u1 WAVE/SPEAKER0001/000010011.WAV\nu2 WAVE/SPEAKER0001/missing.WAV\n")
+    (data / "text").write_text("u1 hello\nu2 there\n")
+    (data / "utt2spk").write_text("u1 s1\nu2 s1\n")
+    recipe = KaldiDir(data if layout == "parent" else root)  # one data dir, or the folder of the splits
+    utts = {u.utt_id: u for u in recipe.list_utterances().utterances}
+    assert utts["u1"].audio == str((where / "WAVE" / "SPEAKER0001" / "000010011.WAV").resolve())
+    assert utts["u2"].audio == str((root / "WAVE" / "SPEAKER0001" / "missing.WAV").resolve())  # named, not lost
+
+
+def test_kaldi_dir_keeps_absolute_paths_and_pipes(tmp_path: Path) -> None:
+    data = tmp_path / "train"
+    data.mkdir()
+    wav = write_wav(tmp_path / "a.wav", 0.5)
+    (data / "wav.scp").write_text(f"u1 {wav}\nu2 sox x.wav -t wav - |\n")
+    (data / "text").write_text("u1 a\nu2 b\n")
+    utts = {u.utt_id: u for u in KaldiDir(data).list_utterances().utterances}
+    assert utts["u1"].audio == str(wav) and utts["u2"].audio == "sox x.wav -t wav - |"

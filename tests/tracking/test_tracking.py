@@ -83,3 +83,74 @@ def test_tracking_can_be_disabled(tmp_path: Path) -> None:
     with stage_run(config, "quiet") as run:
         run.log_metrics({"x": 1})
     assert not (tmp_path / "results" / "mlflow.db").exists()
+
+
+def test_names_mlflow_refuses_are_made_into_ones_it_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metric or tag name with characters MLflow refuses (a rejection reason) is logged under a sanitised
+    name instead of failing the stage."""
+    from asrflow.tracking.mlflow_runs import key_name
+
+    assert key_name("rejected.audio file is empty (0 bytes)") == "rejected.audio file is empty _0 bytes_"
+    assert key_name("split.train_sp.utterances") == "split.train_sp.utterances"
+    assert key_name("rejected.bad: ~line* «7»") == "rejected.bad_ _line_ _7_"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    config = make_config(tmp_path)
+    with stage_run(config, "odd") as run:
+        run.log_metrics({"rejected.audio file is empty (0 bytes)": 3, "rejected.why?! (yes: «this»)": 1})
+        run.set_tags({"asrflow.reason (why)": "x"})
+    (only,) = _client(config).search_runs([_client(config).get_experiment_by_name("test").experiment_id])
+    assert only.info.status == "FINISHED"
+    assert only.data.metrics["rejected.audio file is empty _0 bytes_"] == 3
+    assert only.data.tags["asrflow.reason _why_"] == "x"
+
+
+def test_an_unreachable_tracking_server_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """A tracking server nobody answers at: the pipeline and the stage run without tracking, with a warning."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    config = make_config(tmp_path, tracking={"uri": f"http://127.0.0.1:{port}"})
+    assert start_pipeline_run(config) is None
+    done = []
+    with stage_run(config, "offline") as run:
+        run.log_metrics({"x": 1.0})
+        run.log_artifact(tmp_path)
+        done.append(True)
+    end_pipeline_run(config, "no-such-run", ok=True)
+    assert done == [True]
+    err = capsys.readouterr().err
+    assert "asrflow: warning: MLflow tracking failed (opening the pipeline run" in err
+    assert "asrflow: warning: MLflow tracking failed (opening the offline run" in err
+
+
+def test_a_data_stage_that_rejects_everything_leaves_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """Every utterance rejected: the stage fails naming the report that stays outside its output folder
+    (which a workflow manager removes), and MLflow counts the rejections under names it accepts."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    data = tmp_path / "corpus" / "train"
+    data.mkdir(parents=True)
+    (tmp_path / "corpus" / "empty.wav").write_bytes(b"")
+    (data / "wav.scp").write_text("u1 empty.wav\nu2 missing.wav\n")
+    (data / "text").write_text("u1 hello\nu2 there\n")
+    (data / "utt2spk").write_text("u1 s\nu2 s\n")
+    config = make_config(tmp_path, corpus={"name": "kaldi_dir", "path": str(tmp_path / "corpus")})
+    resolved = tmp_path / "config.yaml"
+    resolved.write_text(yaml.safe_dump(config))
+    kept = tmp_path / "logs" / "data.report.tsv"
+    assert main(["data", "--config", str(resolved), "--out", str(tmp_path / "data"), "--report", str(kept)]) == 1
+    assert f"the reasons are in {kept}" in capsys.readouterr().err
+    rows = kept.read_text().splitlines()
+    assert rows[0] == "utt_id\tfile\treason" and len(rows) == 3
+    assert "audio file is empty (0 bytes)" in rows[1] and "audio file not found" in rows[2]
+    (run,) = _client(config).search_runs([_client(config).get_experiment_by_name("test").experiment_id])
+    assert run.info.status == "FAILED" and run.data.metrics["rejected"] == 2
+    assert run.data.metrics["rejected.audio_file_is_empty_0_bytes_"] == 1

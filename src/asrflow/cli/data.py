@@ -25,13 +25,22 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     """Import the corpus into validated Kaldi data dirs on Dask, logged as the ``data`` stage run."""
     from asrflow.cluster import dask_client
-    from asrflow.data.stage import prepare_data
+    from asrflow.corpus import CorpusError
+    from asrflow.data.stage import prepare_data, reason_counts
     from asrflow.tracking import stage_run
 
     config = _load(args)
     with stage_run(config, "data", resolved_config=args.config[-1]) as run:
-        with dask_client(config["dask"], args.workers, log=_log) as client:
-            summary = prepare_data(config, args.out, client, log=_log)
+        try:
+            with dask_client(config["dask"], args.workers, log=_log) as client:
+                summary = prepare_data(config, args.out, client, log=_log, kept_report=args.report)
+        except CorpusError:
+            if args.report and Path(args.report).is_file():  # what was rejected is counted even when all was
+                counts = reason_counts(Path(args.report))
+                run.log_metrics({"rejected": sum(counts.values()),
+                                 **{f"rejected.{k.replace(' ', '_')}": v for k, v in counts.items()}})
+                run.log_artifact(args.report)
+            raise
         out = Path(args.out)
         run.log_metrics({
             "utterances": summary.utterances, "hours": summary.hours, "rejected": summary.rejected,
@@ -100,6 +109,8 @@ def register(sub: Any) -> None:
 
     p = with_config(sub.add_parser("data", help="import a corpus into validated Kaldi data dirs"))
     p.add_argument("--out", required=True, help="output folder (results/<exp>/data)")
+    p.add_argument("--report", help="also write the rejection report here, outside --out: a failed job's "
+                                    "outputs are removed, this copy stays (results/<exp>/logs/data.report.tsv)")
     p.add_argument("--workers", type=int, default=None, help="Dask workers when dask.workers is null")
     p.set_defaults(func=cmd_data)
 

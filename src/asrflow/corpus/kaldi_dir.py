@@ -3,6 +3,11 @@
 ``corpus.path`` is either one data dir (its folder name becomes the split name) or a folder
 whose sub-folders with a ``wav.scp`` are the splits (``train/``, ``test/``, ...). ``wav.scp``
 entries may be file paths or Kaldi pipe commands ending in ``|``.
+
+A relative path in ``wav.scp`` is looked up, in this order, against the data dir's parent (a
+corpus distributed as ``<root>/WAVE/...`` with ``<root>/train/wav.scp``, as speechocean762 is),
+``corpus.path`` itself, and the data dir; the first that exists is taken. When none does, the
+path against the data dir's parent is reported as missing (never the working directory).
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ class KaldiDir:
             entries = {utt: (utt, None, None) for utt in wavs}
         for utt in sorted(set(entries) | set(problem_of)):
             rec, start, end = entries.get(utt, (utt, None, None))
-            audio = wavs.get(rec, str(folder / "wav.scp") + f" (no entry for {rec})")
+            audio = self._resolve(wavs[rec], folder) if rec in wavs else f"{folder / 'wav.scp'} (no entry for {rec})"
             problem = problem_of.get(utt)
             if problem is None and rec not in wavs:
                 problem = f"recording {rec} has no wav.scp entry"
@@ -97,6 +102,14 @@ class KaldiDir:
                              recording=rec, problem=problem, source=f"{folder.name}/text")
             )
             self._split_of.setdefault(utt, split)
+
+    def _resolve(self, value: str, folder: Path) -> str:
+        """A ``wav.scp`` value with a relative file path made absolute (see the module docstring); absolute
+        paths and pipe commands are kept as they are."""
+        if value.rstrip().endswith("|") or Path(value).is_absolute():
+            return value
+        candidates = [folder.parent / value, self.root / value, folder / value]
+        return str(next((c for c in candidates if c.is_file()), candidates[0]).resolve())
 
     def list_utterances(self) -> Listing:
         listing = Listing()

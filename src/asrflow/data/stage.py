@@ -75,6 +75,13 @@ def _reason_kind(reason: str) -> str:
     return head
 
 
+def reason_counts(report: Path) -> dict[str, int]:
+    """Rejected utterances per kind of reason in a written ``report.tsv``."""
+    with open(report, encoding="utf-8", newline="") as rows:
+        reasons = [row["reason"] for row in csv.DictReader(rows, delimiter="\t")]
+    return dict(sorted(Counter(_reason_kind(r) for r in reasons).items()))
+
+
 def write_report(path: Path, rejected: list[Rejection]) -> None:
     """Write the rejection report as TSV (utt_id, file, reason)."""
     with open(path, "w", encoding="utf-8", newline="") as out:
@@ -146,21 +153,37 @@ def _without_clashes(own: list[Utterance], extra: list[Utterance]) -> tuple[list
     return kept, rejected
 
 
+def _write_reports(rejected: list[Rejection], out: Path, kept: str | Path | None) -> Path:
+    """``out/report.tsv`` and its copy ``kept`` (when given); the path the user should read."""
+    write_report(out / "report.tsv", rejected)
+    if kept is None:
+        return out / "report.tsv"
+    Path(kept).parent.mkdir(parents=True, exist_ok=True)
+    write_report(Path(kept), rejected)
+    return Path(kept)
+
+
 def is_training_split(name: str) -> bool:
     """Whether split ``name`` is one that acoustic models train on (``train``, ``loso_<spk>_train``)."""
     return name.endswith("train")
 
 
-def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=print) -> DataSummary:
-    """Run the data stage for the resolved ``config`` into ``out_dir`` using a Dask ``client``."""
+def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=print,
+                 kept_report: str | Path | None = None) -> DataSummary:
+    """Run the data stage for the resolved ``config`` into ``out_dir`` using a Dask ``client``.
+
+    ``kept_report``: a second copy of ``report.tsv`` outside ``out_dir``, which a workflow manager that
+    removes the outputs of a failed job leaves in place, so the user can read why utterances were rejected.
+    """
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     audio = config["audio"]
     recipe, valid, rejected = _validated(config["corpus"], config, client, "", log)
     if not valid:
-        write_report(out / "report.tsv", rejected)
-        raise CorpusError(f"no utterance of {recipe.name} survived validation; see {out / 'report.tsv'}")
+        where = _write_reports(rejected, out, kept_report)
+        raise CorpusError(f"no utterance of {recipe.name} survived validation ({len(rejected)} rejected); the "
+                          f"reasons are in {where}")
     extras: list[Utterance] = []
     unperturbed: set[str] = set()  # extra utterances without speed-perturbed copies
     extra_stats: dict[str, dict[str, Any]] = {}
@@ -191,7 +214,7 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         write_data_dir(out / perturbed_split(name), members)
         split_stats[perturbed_split(name)] = _split_stats(members)
         log(f"  split {perturbed_split(name)}: {len(members)} utterances (speeds 1, {', '.join(map(str, factors))})")
-    write_report(out / "report.tsv", rejected)
+    _write_reports(rejected, out, kept_report)
     summary = DataSummary(
         corpus=recipe.name,
         utterances=len(every),

@@ -7,14 +7,21 @@ commit, package versions and, for stages, their metrics and artifacts.
 
 Default store: ``sqlite:///<results_dir>/mlflow.db`` with artifacts in
 ``<results_dir>/mlartifacts``; ``$MLFLOW_TRACKING_URI`` or ``tracking.uri`` override it.
+
+Tracking never takes a stage down: a store that cannot be reached, or a value it refuses, is a
+warning on stderr, after which that run records nothing more (the stage and its outputs go on).
+Metric and parameter names are made of the characters MLflow accepts (:func:`key_name`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
+import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -26,6 +33,22 @@ from typing import Any
 PARENT_ENV = "ASRFLOW_PARENT_RUN_ID"
 _PACKAGES = ("asrflow", "torch", "mlflow", "snakemake", "dask", "distributed",
              "numpy", "soundfile", "soxr", "kaldiio", "sentencepiece", "num2words")
+
+
+#: characters MLflow refuses in metric, parameter and tag names (it takes letters, digits, _ - . space /)
+_REFUSED = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def key_name(name: str) -> str:
+    """``name`` as an MLflow key: each refused character becomes ``_``, runs of them one ``_``, so that a
+    reason such as ``audio file is empty (0 bytes)`` gives ``audio file is empty _0 bytes_``."""
+    return re.sub(r"_+", "_", _REFUSED.sub("_", name)) if _REFUSED.search(name) else name
+
+
+def warn(what: str, exc: BaseException) -> None:
+    """Say on stderr that tracking failed, and that the stage goes on without it."""
+    print(f"asrflow: warning: MLflow tracking failed ({what}: {type(exc).__name__}: {exc}); "
+          f"the stage goes on without tracking", file=sys.stderr, flush=True)
 
 
 def tracking_uri(config: Mapping[str, Any]) -> str:
@@ -96,13 +119,17 @@ def start_pipeline_run(config: Mapping[str, Any], name: str = "pipeline") -> str
     """Open the parent run of one pipeline invocation; return its id (None if tracking is off)."""
     if not config["tracking"]["enabled"]:
         return None
-    mlflow, experiment_id = _mlflow(config)
-    client = mlflow.MlflowClient()
-    env = environment_info()
-    run = client.create_run(experiment_id, run_name=name,
-                            tags={"asrflow.kind": "pipeline", **{f"asrflow.{k}": v for k, v in env.items()},
-                                  "mlflow.source.git.commit": env["git_commit"]})
-    _log_params(client, run.info.run_id, flatten(config))
+    try:
+        mlflow, experiment_id = _mlflow(config)
+        client = mlflow.MlflowClient()
+        env = environment_info()
+        run = client.create_run(experiment_id, run_name=name,
+                                tags={"asrflow.kind": "pipeline", **{f"asrflow.{k}": v for k, v in env.items()},
+                                      "mlflow.source.git.commit": env["git_commit"]})
+        _log_params(client, run.info.run_id, flatten(config))
+    except Exception as exc:  # tracking must never stop the pipeline
+        warn("opening the pipeline run", exc)
+        return None
     return run.info.run_id
 
 
@@ -110,65 +137,83 @@ def end_pipeline_run(config: Mapping[str, Any], run_id: str | None, ok: bool) ->
     """Close the parent run as FINISHED or FAILED."""
     if not run_id or not config["tracking"]["enabled"]:
         return
-    mlflow, _ = _mlflow(config)
-    mlflow.MlflowClient().set_terminated(run_id, "FINISHED" if ok else "FAILED")
+    try:
+        mlflow, _ = _mlflow(config)
+        mlflow.MlflowClient().set_terminated(run_id, "FINISHED" if ok else "FAILED")
+    except Exception as exc:  # tracking must never stop the pipeline
+        warn("closing the pipeline run", exc)
 
 
 def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(k, v[:6000]) for k, v in sorted(params.items())]
+    items = [Param(key_name(k), v[:6000]) for k, v in sorted(params.items())]
     for i in range(0, len(items), 100):
         client.log_batch(run_id, params=items[i : i + 100])
 
 
+def _guarded(method):
+    """A :class:`StageRun` method whose failure is a warning, after which the run records nothing more."""
+    @functools.wraps(method)
+    def wrapper(self: StageRun, *args: Any, **kwargs: Any) -> None:
+        if self.client is None:
+            return
+        try:
+            method(self, *args, **kwargs)
+        except Exception as exc:  # tracking must never stop a stage
+            warn(method.__name__, exc)
+            self.client = None
+    return wrapper
+
+
 @dataclass
 class StageRun:
-    """Handle a stage uses to record metrics and artifacts (no-op when tracking is off)."""
+    """Handle a stage uses to record metrics and artifacts (no-op when tracking is off or has failed)."""
 
     client: Any = None
     run_id: str | None = None
 
+    @_guarded
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        if self.client is None:
-            return
         import time
 
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step or 0) for k, v in sorted(metrics.items())]
+        batch = [Metric(key_name(k), float(v), now, step or 0) for k, v in sorted(metrics.items())]
         self.client.log_batch(self.run_id, metrics=batch)
 
+    @_guarded
     def log_metric_steps(self, steps: list[tuple[int, Mapping[str, float]]]) -> None:
         """Log many steps' metrics in few requests (per-step training metrics, buffered by the caller)."""
-        if self.client is None or not steps:
+        if not steps:
             return
         import time
 
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for step, metrics in steps for k, v in sorted(metrics.items())]
+        batch = [Metric(key_name(k), float(v), now, step) for step, metrics in steps
+                 for k, v in sorted(metrics.items())]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
 
+    @_guarded
     def log_params(self, params: Mapping[str, Any]) -> None:
-        if self.client is not None:
-            _log_params(self.client, self.run_id, {k: str(v) for k, v in params.items()})
+        _log_params(self.client, self.run_id, {k: str(v) for k, v in params.items()})
 
+    @_guarded
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        if self.client is not None:
-            for key, value in tags.items():
-                self.client.set_tag(self.run_id, key, str(value))
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key_name(key), str(value))
 
+    @_guarded
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        if self.client is not None and Path(path).exists():
+        if Path(path).exists():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    @_guarded
     def log_dict(self, data: Mapping[str, Any], name: str) -> None:
-        if self.client is None:
-            return
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name
             target.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
@@ -180,27 +225,47 @@ def stage_run(config: Mapping[str, Any], stage: str, parent_run_id: str | None =
               resolved_config: str | Path | None = None) -> Iterator[StageRun]:
     """Open a stage run nested under the pipeline run (from ``$ASRFLOW_PARENT_RUN_ID``).
 
-    The run ends FINISHED, or FAILED if the stage raises (the exception propagates).
+    The run ends FINISHED, or FAILED if the stage raises (the exception propagates). A store that
+    cannot be reached gives a warning and a handle that records nothing; the stage runs all the same.
     """
-    if not config["tracking"]["enabled"]:
-        yield StageRun()
-        return
-    mlflow, experiment_id = _mlflow(config)
-    client = mlflow.MlflowClient()
-    parent = parent_run_id or os.environ.get(PARENT_ENV) or None
-    env = environment_info()
-    tags = {"asrflow.kind": "stage", "asrflow.stage": stage,
-            **{f"asrflow.{k}": v for k, v in env.items()}, "mlflow.source.git.commit": env["git_commit"]}
-    if parent:
-        tags["mlflow.parentRunId"] = parent
-    run = client.create_run(experiment_id, run_name=stage, tags=tags)
-    handle = StageRun(client, run.info.run_id)
-    _log_params(client, run.info.run_id, flatten(config))
-    if resolved_config:
-        handle.log_artifact(resolved_config)
+    handle = _open_stage_run(config, stage, parent_run_id, resolved_config) if config["tracking"]["enabled"] \
+        else StageRun()
     try:
         yield handle
     except BaseException:
-        client.set_terminated(run.info.run_id, "FAILED")
+        _close(handle, "FAILED")
         raise
-    client.set_terminated(run.info.run_id, "FINISHED")
+    _close(handle, "FINISHED")
+
+
+def _open_stage_run(config: Mapping[str, Any], stage: str, parent_run_id: str | None,
+                    resolved_config: str | Path | None) -> StageRun:
+    """A handle on a new stage run, or a no-op handle (with a warning) when the store fails."""
+    try:
+        mlflow, experiment_id = _mlflow(config)
+        client = mlflow.MlflowClient()
+        parent = parent_run_id or os.environ.get(PARENT_ENV) or None
+        env = environment_info()
+        tags = {"asrflow.kind": "stage", "asrflow.stage": stage,
+                **{f"asrflow.{k}": v for k, v in env.items()}, "mlflow.source.git.commit": env["git_commit"]}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        run = client.create_run(experiment_id, run_name=stage, tags=tags)
+    except Exception as exc:  # tracking must never stop a stage
+        warn(f"opening the {stage} run", exc)
+        return StageRun()
+    handle = StageRun(client, run.info.run_id)
+    handle.log_params(flatten(config))
+    if resolved_config:
+        handle.log_artifact(resolved_config)
+    return handle
+
+
+def _close(handle: StageRun, status: str) -> None:
+    """End the run of ``handle`` with ``status`` (a warning if the store fails)."""
+    if handle.client is None:
+        return
+    try:
+        handle.client.set_terminated(handle.run_id, status)
+    except Exception as exc:  # tracking must never stop a stage
+        warn("closing the run", exc)
