@@ -154,3 +154,23 @@ def test_kaldi_dir_keeps_absolute_paths_and_pipes(tmp_path: Path) -> None:
     (data / "text").write_text("u1 a\nu2 b\n")
     utts = {u.utt_id: u for u in KaldiDir(data).list_utterances().utterances}
     assert utts["u1"].audio == str(wav) and utts["u2"].audio == "sox x.wav -t wav - |"
+
+
+def test_speechocean762_keeps_its_split_speakers_and_lexicon(use_mirror: Path, tmp_path: Path) -> None:
+    """The mirror's 12-speaker slice, laid out as the full corpus: its own train/test split, root-relative
+    wav.scp paths found, speakers' age and gender kept, its lexicon located."""
+    mini = str(use_mirror / "speechocean762-mini")
+    config = make_config(tmp_path, corpus={"name": "speechocean762", "path": mini}, audio={"sample_rate": 16000})
+    recipe = recipe_from_config(config["corpus"])
+    listing = recipe.list_utterances()
+    utts = {u.utt_id: u for u in listing.utterances}
+    assert len(utts) == 240 and not [u for u in utts.values() if u.problem]
+    assert all(Path(u.audio).is_file() for u in utts.values())
+    splits = recipe.splits({k: v.speaker for k, v in utts.items()})
+    assert {utts[u].speaker for u in splits["train"]} == {"0001", "0005", "0006", "0036", "0135", "0482"}
+    assert {utts[u].speaker for u in splits["test"]} == {"0003", "0049", "0092", "0024", "0461", "0765"}
+    assert listing.speakers["age"]["0001"] == "6" and listing.speakers["gender"]["0006"] == "f"
+    assert len(listing.speakers["gender"]) == 12 and recipe.lexicon.is_file()
+    (tmp_path / "broken" / "train").mkdir(parents=True)
+    with pytest.raises(CorpusError, match="not a speechocean762 copy: no train/wav.scp, test/wav.scp"):
+        recipe_from_config({**config["corpus"], "path": str(tmp_path / "broken")}).list_utterances()

@@ -11,10 +11,12 @@ from asrflow.corpus.asterisk import Asterisk
 from asrflow.corpus.base import MIRROR_ENV, CorpusError, Listing, RawUtterance, Recipe
 from asrflow.corpus.fsdd import FSDD
 from asrflow.corpus.kaldi_dir import KaldiDir
+from asrflow.corpus.speechocean762 import SpeechOcean762
 from asrflow.corpus.tsv import TsvFolder
 from asrflow.corpus.yesno import YesNo
 
-RECIPES = {"yesno": YesNo, "fsdd": FSDD, "asterisk": Asterisk, "kaldi_dir": KaldiDir, "tsv": TsvFolder}
+RECIPES = {"yesno": YesNo, "fsdd": FSDD, "asterisk": Asterisk, "kaldi_dir": KaldiDir, "tsv": TsvFolder,
+           "speechocean762": SpeechOcean762}
 
 
 def recipe_from_config(corpus: dict) -> Recipe:

@@ -54,11 +54,21 @@ class RawUtterance:
         return self.recording or self.utt_id
 
 
+#: Per-speaker attributes a recipe may know, written to each data dir as ``spk2<name>`` (Kaldi's ``spk2gender``)
+SPEAKER_ATTRIBUTES = ("gender", "age")
+
+
 @dataclass
 class Listing:
-    """A recipe's output: the utterances, and listing-level faults that have no utterance."""
+    """A recipe's output: the utterances, and what it knows of their speakers.
+
+    ``speakers`` maps an attribute of :data:`SPEAKER_ATTRIBUTES` to ``{speaker: value}`` (a speaker
+    may lack one); the data stage writes them as ``spk2gender``, ``spk2age``, ... and scoring can
+    group speakers by them.
+    """
 
     utterances: list[RawUtterance] = field(default_factory=list)
+    speakers: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class Recipe(Protocol):

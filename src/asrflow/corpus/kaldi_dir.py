@@ -2,7 +2,8 @@
 
 ``corpus.path`` is either one data dir (its folder name becomes the split name) or a folder
 whose sub-folders with a ``wav.scp`` are the splits (``train/``, ``test/``, ...). ``wav.scp``
-entries may be file paths or Kaldi pipe commands ending in ``|``.
+entries may be file paths or Kaldi pipe commands ending in ``|``. A data dir's ``spk2gender``
+and ``spk2age``, when present, are kept (the data stage writes them into every split).
 
 A relative path in ``wav.scp`` is looked up, in this order, against the data dir's parent (a
 corpus distributed as ``<root>/WAVE/...`` with ``<root>/train/wav.scp``, as speechocean762 is),
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asrflow.corpus.base import CorpusError, Listing, RawUtterance
+from asrflow.corpus.base import SPEAKER_ATTRIBUTES, CorpusError, Listing, RawUtterance
 
 
 def read_table(path: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
@@ -102,6 +103,10 @@ class KaldiDir:
                              recording=rec, problem=problem, source=f"{folder.name}/text")
             )
             self._split_of.setdefault(utt, split)
+        for attribute in SPEAKER_ATTRIBUTES:
+            if (folder / f"spk2{attribute}").is_file():
+                table, _ = read_table(folder / f"spk2{attribute}")
+                listing.speakers.setdefault(attribute, {}).update(table)
 
     def _resolve(self, value: str, folder: Path) -> str:
         """A ``wav.scp`` value with a relative file path made absolute (see the module docstring); absolute

@@ -11,6 +11,7 @@ A ``wav.scp`` value is the rest of its line, so paths with spaces or quotes surv
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,8 +33,11 @@ def _write_table(path: Path, rows: Iterable[tuple[str, str]]) -> None:
     tmp.replace(path)
 
 
-def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
-    """Write a Kaldi data dir for ``utterances`` (sorted by id)."""
+def write_data_dir(folder: str | Path, utterances: Iterable[Utterance],
+                   speakers: dict[str, dict[str, str]] | None = None) -> None:
+    """Write a Kaldi data dir for ``utterances`` (sorted by id); ``speakers`` (attribute → speaker → value, e.g.
+    ``gender``) become ``spk2<attribute>`` for the speakers the dir has (a speed-perturbed copy's speaker,
+    ``sp<f>-<speaker>``, takes its original's value)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     utts = sorted(utterances, key=lambda u: u.utt_id)
@@ -46,6 +50,7 @@ def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
     for u in utts:
         spk2utt[u.speaker].append(u.utt_id)
     _write_table(folder / "spk2utt", ((s, " ".join(us)) for s, us in sorted(spk2utt.items())))
+    _write_speaker_attributes(folder, sorted(spk2utt), speakers or {})
     _write_table(folder / "utt2dur", ((u.utt_id, f"{u.duration:.4f}") for u in utts))
     _write_table(folder / "utt2sr", ((u.utt_id, str(u.sample_rate)) for u in utts))
     if segmented:
@@ -64,6 +69,17 @@ def write_data_dir(folder: str | Path, utterances: Iterable[Utterance]) -> None:
         _write_table(folder / "utt2corpus", ((u.utt_id, u.corpus) for u in utts if u.corpus))
     elif (folder / "utt2corpus").exists():
         (folder / "utt2corpus").unlink()
+
+
+def _write_speaker_attributes(folder: Path, speakers: list[str], known: dict[str, dict[str, str]]) -> None:
+    """``spk2<attribute>`` for each attribute some of ``speakers`` have; a stale one is removed."""
+    for attribute, table in known.items():
+        rows = [(s, table.get(s, table.get(re.sub(r"^sp[0-9.]+-", "", s)))) for s in speakers]
+        rows = [(s, v) for s, v in rows if v is not None]
+        if rows:
+            _write_table(folder / f"spk2{attribute}", rows)
+        elif (folder / f"spk2{attribute}").exists():
+            (folder / f"spk2{attribute}").unlink()
 
 
 def read_table(path: Path) -> dict[str, str]:

@@ -96,12 +96,16 @@ def _split_stats(members: list[Utterance]) -> dict[str, Any]:
             "hours": round(sum(u.duration for u in members) / 3600.0, 6)}
 
 
-def _validated(corpus: dict[str, Any], config: dict[str, Any], client: Any, tag: str,
-               log=print) -> tuple[Recipe, list[Utterance], list[Rejection]]:
+def _validated(corpus: dict[str, Any], config: dict[str, Any], client: Any, tag: str, log=print,
+               speakers: dict[str, dict[str, str]] | None = None) -> tuple[Recipe, list[Utterance], list[Rejection]]:
     """List corpus ``corpus`` (a resolved corpus section), check its text and audio on Dask; returns its
-    recipe, the valid utterances (their ``corpus`` field set to ``tag``) and the rejections."""
+    recipe, the valid utterances (their ``corpus`` field set to ``tag``) and the rejections. What the recipe
+    knows of its speakers (``Listing.speakers``) is added to ``speakers``."""
     recipe = recipe_from_config(corpus)
     listing = recipe.list_utterances()
+    if speakers is not None:
+        for attribute, table in listing.speakers.items():
+            speakers.setdefault(attribute, {}).update(table)
     log(f"{recipe.name}{f' ({tag})' if tag else ''}: {len(listing.utterances)} utterances listed")
     texts, rejected = check_text(listing.utterances, corpus["language"])
     candidates, taken = [], set()
@@ -179,7 +183,8 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     audio = config["audio"]
-    recipe, valid, rejected = _validated(config["corpus"], config, client, "", log)
+    speakers: dict[str, dict[str, str]] = {}  # spk2gender, spk2age, ... of every corpus
+    recipe, valid, rejected = _validated(config["corpus"], config, client, "", log, speakers)
     if not valid:
         where = _write_reports(rejected, out, kept_report)
         raise CorpusError(f"no utterance of {recipe.name} survived validation ({len(rejected)} rejected); the "
@@ -188,7 +193,7 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
     unperturbed: set[str] = set()  # extra utterances without speed-perturbed copies
     extra_stats: dict[str, dict[str, Any]] = {}
     for corpus, tag in zip(config["corpus"]["extra_training"], extra_tags(config["corpus"]["extra_training"])):
-        _, found, dropped = _validated(corpus, config, client, tag, log)
+        _, found, dropped = _validated(corpus, config, client, tag, log, speakers)
         found, duplicates = _without_clashes(valid + extras, found)
         extras += found
         if not corpus["speed_perturb"]:
@@ -197,13 +202,13 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
         extra_stats[tag] = {**_split_stats(found), "rejected": len(dropped) + len(duplicates)}
         log(f"  extra training corpus {tag}: {len(found)} utterances join every training split")
     every = valid + extras
-    write_data_dir(out / "all", every)
+    write_data_dir(out / "all", every, speakers)
     by_id = {u.utt_id: u for u in valid}
     splits = recipe.splits({u.utt_id: u.speaker for u in valid})
     split_stats = {}
     for name, ids in splits.items():
         members = [by_id[i] for i in ids] + (extras if is_training_split(name) else [])
-        write_data_dir(out / name, members)
+        write_data_dir(out / name, members, speakers)
         split_stats[name] = _split_stats(members)
         log(f"  split {name}: {len(members)} utterances")
     factors = copy_factors(audio["speed_perturb"])
@@ -211,7 +216,7 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
     once = [u for u in extras if u.utt_id in unperturbed]
     for name in [n for n in splits if is_training_split(n) and factors]:
         members = with_copies([by_id[i] for i in splits[name]] + copied, factors) + once
-        write_data_dir(out / perturbed_split(name), members)
+        write_data_dir(out / perturbed_split(name), members, speakers)
         split_stats[perturbed_split(name)] = _split_stats(members)
         log(f"  split {perturbed_split(name)}: {len(members)} utterances (speeds 1, {', '.join(map(str, factors))})")
     _write_reports(rejected, out, kept_report)
