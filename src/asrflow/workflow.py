@@ -351,6 +351,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
                                              "corpus": {"extra_training": []},
+                                             "lang": {"lexicon_file": None, "stress": "strip"},
                                              "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker"}}
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from asrflow.lang.lexicon import OOV_WORD, SIL_WORD, build_lexicon, oov_rate, phone_inventory
+from asrflow.lang.lexicon import OOV_WORD, SIL_WORD, LexiconError, build_lexicon, oov_rate, phone_inventory
 from asrflow.lang.lm import KneserNeyLM
 
 SENTS = [s.split() for s in ["press one", "press two for help", "one two three", "help", "press one now"]]
@@ -38,7 +38,7 @@ def test_two_word_corpus_is_not_degenerate() -> None:
 def test_cmudict_with_grapheme_fallback() -> None:
     lexicon, fallback = build_lexicon(["zero", "press", "kilobit", "zyxwv", "don't"], "cmudict")
     assert lexicon["zero"] == [["Z", "IH", "R", "OW"], ["Z", "IY", "R", "OW"]]
-    assert lexicon["zyxwv"] == [["g.z", "g.y", "g.x", "g.w", "g.v"]] and fallback == ["zyxwv"]
+    assert lexicon["zyxwv"] == [["g.z", "g.y", "g.x", "g.w", "g.v"]] and fallback == {"zyxwv": "grapheme"}
     assert lexicon[SIL_WORD] == [["SIL"]] and lexicon[OOV_WORD] == [["SPN"]]
     silence, nonsilence = phone_inventory(lexicon)
     assert silence == ["SIL", "SPN"] and "AH" not in silence and "Z" in nonsilence
@@ -48,3 +48,25 @@ def test_grapheme_lexicon_any_language() -> None:
     lexicon, fallback = build_lexicon(["écoutez", "año"], "grapheme")
     assert lexicon["año"] == [["g.a", "g.ñ", "g.o"]] and not fallback
     assert oov_rate(["press one", "press nine"], {"press", "one"}) == (0.25, 1, 4)
+
+
+def test_a_lexicon_file_with_cmudict_and_graphemes_for_what_it_lacks(tmp_path) -> None:
+    """A Kaldi lexicon.txt (upper-case words, CMU phones with stress): its pronunciations first, CMUdict's for
+    words it lacks, graphemes for words neither has; stress marks stripped or kept alike."""
+    from asrflow.lang.lexicon import read_lexicon
+
+    path = tmp_path / "lexicon.txt"
+    path.write_text("A\tAH0\nA\tEY1\nMARK\tM AA1 R K\nMARK M AA1 R K\n")
+    given = read_lexicon(path)
+    assert given == {"a": [["AH0"], ["EY1"]], "mark": [["M", "AA1", "R", "K"]]}
+    lexicon, fallbacks = build_lexicon(["a", "mark", "zero", "zyxwv"], "file", given)
+    assert lexicon["a"] == [["AH"], ["EY"]] and lexicon["mark"] == [["M", "AA", "R", "K"]]
+    assert lexicon["zero"] == [["Z", "IH", "R", "OW"], ["Z", "IY", "R", "OW"]]
+    assert fallbacks == {"zero": "cmudict", "zyxwv": "grapheme"}
+    kept, _ = build_lexicon(["a", "zero"], "corpus", given, stress="keep")
+    assert kept["a"] == [["AH0"], ["EY1"]] and kept["zero"][0] == ["Z", "IH1", "R", "OW0"]
+    (tmp_path / "bad.txt").write_text("A AH0\nLONELY\n")
+    with pytest.raises(LexiconError, match="bad.txt:2: the word 'LONELY' has no phones"):
+        read_lexicon(tmp_path / "bad.txt")
+    with pytest.raises(LexiconError, match="not found"):
+        read_lexicon(tmp_path / "none.txt")

@@ -93,6 +93,7 @@ def cmd_lang(args: argparse.Namespace) -> int:
         report = prepare_lang(config, args.data, args.train, args.tests, args.out, log=_log)
         run.log_metrics({"words": report["words"], "phones": report["phones"],
                          "grapheme_fallback_words": report["grapheme_fallback_words"],
+                         "cmudict_fallback_words": report["cmudict_fallback_words"],
                          "train_perplexity": report["train_perplexity"],
                          **{f"{t}.oov_rate": v["oov_rate"] for t, v in report["test_sets"].items()},
                          **{f"{t}.perplexity": v["perplexity"] for t, v in report["test_sets"].items()}})

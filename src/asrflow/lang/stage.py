@@ -17,7 +17,7 @@ from typing import Any
 
 from asrflow.data.datadir import own_texts, read_table
 from asrflow.lang.graph import compile_grammar, compile_text_fst
-from asrflow.lang.lexicon import OOV_WORD, SIL, SIL_WORD, build_lexicon, oov_rate, phone_inventory
+from asrflow.lang.lexicon import OOV_WORD, SIL, SIL_WORD, build_lexicon, oov_rate, phone_inventory, read_lexicon
 from asrflow.lang.lm import KneserNeyLM
 from asrflow.lang.symbols import add_disambig, lexicon_fst_text, phone_table, topology_text, word_table, write_table
 
@@ -31,6 +31,23 @@ def write_grammar(texts: list[str], vocabulary: list[str], order: int, out: Path
     return lm
 
 
+def lexicon_file(config: dict[str, Any]) -> dict[str, list[list[str]]] | None:
+    """The pronunciations of ``lang.lexicon`` file (``lang.lexicon_file``) or corpus (the recipe's own
+    ``lexicon``); None for cmudict and grapheme."""
+    kind = config["lang"]["lexicon"]
+    if kind == "file":
+        return read_lexicon(config["lang"]["lexicon_file"])
+    if kind != "corpus":
+        return None
+    from asrflow.corpus import CorpusError, recipe_from_config
+
+    recipe = recipe_from_config(config["corpus"])
+    if getattr(recipe, "lexicon", None) is None:
+        raise CorpusError(f"lang.lexicon is corpus, but the {recipe.name} recipe has no lexicon of its own: "
+                          f"use lexicon: file with lang.lexicon_file, cmudict or grapheme")
+    return read_lexicon(recipe.lexicon)
+
+
 def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests: list[str],
                  out_dir: str | Path, log=print) -> dict[str, Any]:
     """Build the lang dir for training split ``train``; report OOV rates of ``tests``."""
@@ -42,7 +59,8 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     every_text = list(read_table(data_dir / train / "text").values())
     texts = list(own_texts(data_dir / train).values())
     vocabulary = sorted({w for t in texts for w in t.split()})
-    lexicon, fallback = build_lexicon({w for t in every_text for w in t.split()}, lcfg["lexicon"])
+    lexicon, fallbacks = build_lexicon({w for t in every_text for w in t.split()}, lcfg["lexicon"],
+                                       lexicon_file(config), lcfg["stress"])
     entries, max_disambig = add_disambig(lexicon)
     sil_disambig = max_disambig + 1
     silence, nonsilence = phone_inventory(lexicon)
@@ -73,7 +91,9 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     vocab_set = set(vocabulary)
     report: dict[str, Any] = {
         "train": train, "lexicon": lcfg["lexicon"], "words": len(vocabulary), "phones": len(nonsilence),
-        "silence_phones": silence, "grapheme_fallback_words": len(fallback), "lm_order": lcfg["lm_order"],
+        "silence_phones": silence, "lm_order": lcfg["lm_order"],
+        "grapheme_fallback_words": sum(s == "grapheme" for s in fallbacks.values()),
+        "cmudict_fallback_words": sum(s == "cmudict" for s in fallbacks.values()),
         "train_perplexity": round(lm.perplexity([t.split() for t in texts]), 3), "test_sets": {},
     }
     for test in tests:
@@ -86,5 +106,6 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
         report["extra_training_words"] = len(set(lexicon) - vocab_set - {SIL_WORD, OOV_WORD})
     (out / "manifest.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     log(f"lang for {train}: {len(vocabulary)} words, {len(nonsilence)} phones "
-        f"({len(fallback)} grapheme-fallback words), LM order {lcfg['lm_order']}")
+        f"(lexicon {lcfg['lexicon']}; {report['cmudict_fallback_words']} words from CMUdict, "
+        f"{report['grapheme_fallback_words']} from graphemes), LM order {lcfg['lm_order']}")
     return report
