@@ -1,4 +1,5 @@
-# Scoring: WER, SER, S/D/I, per speaker; one summary JSON per system and test split.
+# Scoring: WER, SER, S/D/I, per speaker and per group of speakers (evaluation.groups); one summary
+# JSON per system and test split.
 
 
 rule score:
@@ -13,6 +14,7 @@ rule score:
         system="[A-Za-z][A-Za-z0-9_]*",
     params:
         config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "score"),
     log:
         f"{RESULTS}/logs/score.{{system}}.{{test}}.log",
     conda:

@@ -50,6 +50,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
     "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.decode.shard_utts"),
+    "score": ("evaluation.groups",),
 }
 
 

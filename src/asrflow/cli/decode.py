@@ -89,10 +89,14 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     config = _load(args)
     with stage_run(config, f"score-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
-        summary = score_split(args.data, args.test, args.decode, args.lang, args.out, log=_log)
+        summary = score_split(args.data, args.test, args.decode, args.lang, args.out, log=_log,
+                              groups=config["evaluation"]["groups"])
         run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
         run.log_metrics({k: summary[k] for k in ("wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts",
-                                                   "oov_rate", "rtf") if summary.get(k) is not None})
+                                                   "oov_rate", "rtf", "wer_in_vocabulary")
+                         if summary.get(k) is not None})
+        run.log_metrics({f"wer.{attribute}.{group}": s["wer"]
+                         for attribute, by_group in summary.get("groups", {}).items() for group, s in by_group.items()})
         run.log_artifact(args.out)
     return 0
 

@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 from typing import Any
 
-from asrflow.data.datadir import read_table
+from asrflow.data.datadir import DataDirError, read_table
 from asrflow.lang.lm import ArpaLM
-from asrflow.score.wer import format_alignment, score_corpus
+from asrflow.score.wer import format_alignment, group_summaries, score_corpus
 
 NON_WORDS = {"<eps>", "<SIL>", "#0", "<s>", "</s>"}
 
 
+def speaker_groups(split_dir: Path, groups: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Attribute → speaker → group of ``evaluation.groups``, from the data dir's ``spk2<attribute>``: each value
+    its own group, or with ``edges`` the label of the range a number falls in (below the first edge: the first
+    label). A missing table or a value that is not a number where one is needed is a DataDirError."""
+    out: dict[str, dict[str, str]] = {}
+    for attribute, spec in groups.items():
+        table = read_table(split_dir / f"spk2{attribute}")
+        edges = spec.get("edges")
+        if not edges:
+            out[attribute] = dict(table)
+            continue
+        labels = spec.get("labels") or [f"{lo}-{hi}" for lo, hi in zip(["min", *edges], [*edges, "max"])]
+        if len(labels) != len(edges) + 1:
+            raise DataDirError(f"evaluation.groups.{attribute}: {len(edges)} edges need {len(edges) + 1} labels, "
+                               f"not {len(labels)}")
+        try:
+            out[attribute] = {s: labels[bisect.bisect_right(edges, float(v))] for s, v in table.items()}
+        except ValueError:
+            raise DataDirError(f"{split_dir / f'spk2{attribute}'}: evaluation.groups.{attribute} has edges, but "
+                               f"a value is not a number") from None
+    return out
+
+
 def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_dir: str | Path,
-                out_json: str | Path, log=print) -> dict[str, Any]:
+                out_json: str | Path, log=print, groups: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Score ``decode_dir/hyp.txt`` against the test split's references; write the summary JSON.
 
-    Writes ``<out>.json`` (keys: wer, ser, sub, del, ins, n_ref_words, n_utts, oov_rate, rtf, ...)
-    and ``<out>.details.txt`` (Kaldi-style ref/hyp/op lines per utterance).
+    Writes ``<out>.json`` (keys: wer, ser, sub, del, ins, n_ref_words, n_utts, oov_rate, rtf, ...; with
+    ``groups``, ``evaluation.groups``, a ``groups`` entry: attribute → group → WER and counts) and
+    ``<out>.details.txt`` (Kaldi-style ref/hyp/op lines per utterance).
     """
     data_dir, decode_dir, out_json = Path(data_dir), Path(decode_dir), Path(out_json)
     refs = read_table(data_dir / test / "text")
@@ -30,10 +55,17 @@ def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_di
     summary, scores = score_corpus(refs, hyps, utt2spk, vocabulary, rtf=decode_info["rtf"])
     summary["test_set"] = test
     summary["decode_failed"] = len(decode_info["failed"])
+    if groups:
+        by_speaker = speaker_groups(data_dir / test, groups)
+        summary["groups"] = {attribute: group_summaries(scores, {u: of[s] for u, s in utt2spk.items() if s in of})
+                             for attribute, of in by_speaker.items()}
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(summary, indent=2) + "\n")
     out_json.with_suffix(".details.txt").write_text("\n".join(format_alignment(s) for s in scores) + "\n")
     log(f"{test}: %WER {100 * summary['wer']:.2f} [ {summary['errors']} / {summary['n_ref_words']}, "
         f"{summary['ins']} ins, {summary['del']} del, {summary['sub']} sub ] %SER {100 * summary['ser']:.2f} "
         f"OOV {100 * summary['oov_rate']:.2f}%")
+    for attribute, by_group in summary.get("groups", {}).items():
+        log(f"  by {attribute}: " + ", ".join(f"{g} %WER {100 * s['wer']:.2f} ({s['n_utts']} utterances)"
+                                              for g, s in by_group.items()))
     return summary

@@ -118,6 +118,16 @@ def score_corpus(
     return summary, scores
 
 
+def group_summaries(scores: list[UtteranceScore], group_of: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """WER, SER and word and utterance counts per group (``group_of``: utterance → group; others left out)."""
+    counts: dict[str, ErrorCounts] = {}
+    for score in scores:
+        if (group := group_of.get(score.utt_id)) is not None:
+            counts.setdefault(group, ErrorCounts()).add(score.counts)
+    return {g: {"wer": c.wer, "ser": c.ser, "errors": c.errors, "n_ref_words": c.ref_words, "n_utts": c.utts}
+            for g, c in sorted(counts.items())}
+
+
 def format_alignment(score: UtteranceScore) -> str:
     """Kaldi-style ``ref``/``hyp``/``op`` lines for one utterance."""
     ops = []

@@ -1,0 +1,50 @@
+"""WER per group of speakers (evaluation.groups), from the test split's spk2<attribute> tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asrflow.data.datadir import DataDirError
+from asrflow.score.stage import score_split, speaker_groups
+
+
+def _split(root: Path) -> Path:
+    test = root / "data" / "test"
+    test.mkdir(parents=True)
+    (test / "text").write_text("a1 one two\na2 three\nb1 four five six\nc1 seven\n")
+    (test / "utt2spk").write_text("a1 a\na2 a\nb1 b\nc1 c\n")
+    (test / "spk2gender").write_text("a f\nb m\nc f\n")
+    (test / "spk2age").write_text("a 8\nb 30\nc 15\n")
+    return test
+
+
+def test_groups_by_value_and_by_numeric_range(tmp_path: Path) -> None:
+    test = _split(tmp_path)
+    groups = speaker_groups(test, {"gender": {}, "age": {"edges": [16], "labels": ["child", "adult"]}})
+    assert groups == {"gender": {"a": "f", "b": "m", "c": "f"}, "age": {"a": "child", "b": "adult", "c": "child"}}
+    assert speaker_groups(test, {"age": {"edges": [10, 20]}})["age"] == {"a": "min-10", "b": "20-max", "c": "10-20"}
+    with pytest.raises(DataDirError, match="1 edges need 2 labels, not 3"):
+        speaker_groups(test, {"age": {"edges": [16], "labels": ["x", "y", "z"]}})
+    with pytest.raises(DataDirError, match="spk2accent is missing"):
+        speaker_groups(test, {"accent": {}})
+
+
+def test_score_reports_wer_per_group(tmp_path: Path) -> None:
+    _split(tmp_path)
+    decode = tmp_path / "decode"
+    decode.mkdir()
+    (decode / "hyp.txt").write_text("a1 one two\na2 tree\nb1 four five six\nc1 seven seven\n")
+    (decode / "manifest.json").write_text(json.dumps({"rtf": 0.1, "failed": []}))
+    lang = tmp_path / "lang"
+    lang.mkdir()
+    (lang / "lm.arpa").write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-1 <s>\n-1 </s>\n-1 one\n-1 two\n\n\\end\\\n")
+    summary = score_split(tmp_path / "data", "test", decode, lang, tmp_path / "score.json", log=lambda m: None,
+                          groups={"gender": {}, "age": {"edges": [16], "labels": ["child", "adult"]}})
+    assert summary["errors"] == 2 and summary["n_ref_words"] == 7
+    assert summary["groups"]["gender"]["f"] == {"wer": 0.5, "ser": 2 / 3, "errors": 2, "n_ref_words": 4, "n_utts": 3}
+    assert summary["groups"]["gender"]["m"]["wer"] == 0.0
+    assert summary["groups"]["age"]["child"]["errors"] == 2 and summary["groups"]["age"]["adult"]["n_utts"] == 1
+    assert json.loads((tmp_path / "score.json").read_text())["groups"] == summary["groups"]
