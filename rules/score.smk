@@ -6,7 +6,7 @@ rule score:
     input:
         data=f"{RESULTS}/data",
         decode=f"{RESULTS}/decode/{{system}}/{{test}}",
-        lang=lambda wildcards: f"{RESULTS}/lang/{train_split(wildcards.test)}",
+        lang=lambda wildcards: f"{RESULTS}/lang/{train_split(wildcards.test, config)}",
     output:
         f"{RESULTS}/score/{{system}}/{{test}}.json",
     wildcard_constraints:

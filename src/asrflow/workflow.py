@@ -95,8 +95,11 @@ def launch_resources(config: dict[str, Any], system: str) -> dict[str, Any]:
             "tasks_per_gpu": 0 if par["gpus"] else None}  # 0: no --ntasks-per-gpu (one task per node)
 
 
-def train_split(test: str) -> str:
-    """The training split paired with a test split (``test`` → ``train``, ``loso_x_test`` → ``loso_x_train``)."""
+def train_split(test: str, config: dict[str, Any] | None = None) -> str:
+    """The training split paired with a test split: ``evaluation.train_of`` when it names one, else by name
+    (``test`` → ``train``, ``loso_x_test`` → ``loso_x_train``)."""
+    if config is not None and test in config["evaluation"]["train_of"]:
+        return config["evaluation"]["train_of"][test]
     if not test.endswith("test"):
         raise ValueError(f"test split {test!r} does not end in 'test'")
     return test[: -len("test")] + "train"
@@ -104,7 +107,7 @@ def train_split(test: str) -> str:
 
 def tests_of(config: dict[str, Any], train: str) -> list[str]:
     """The configured test splits trained on ``train``."""
-    return [t for t in config["evaluation"]["test_sets"] if train_split(t) == train]
+    return [t for t in config["evaluation"]["test_sets"] if train_split(t, config) == train]
 
 
 def score_targets(config: dict[str, Any]) -> list[str]:
@@ -146,7 +149,7 @@ def gmm_system_inputs(config: dict[str, Any], train: str, system: str) -> dict[s
 def gmm_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
     """Inputs of decoding ``test`` with GMM ``system`` (:func:`gmm_system_inputs`), and its tuned settings when
     ``decode.tune`` is on."""
-    train = train_split(test)
+    train = train_split(test, config)
     inputs = gmm_system_inputs(config, train, system)
     if config["decode"]["tune"]["enabled"]:
         inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"
@@ -256,7 +259,7 @@ def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[st
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
     """Inputs of decoding ``test`` with network ``system``: the network, what it was trained with, and the
     tuned settings when tuning is on."""
-    train = train_split(test)
+    train = train_split(test, config)
     inputs = network_inputs(config, train, system)
     if config["nnet"]["decode"]["tune"]["enabled"]:
         inputs["tune"] = f"{results_dir(config)}/tune/{train}/{system}"

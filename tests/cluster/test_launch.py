@@ -331,3 +331,22 @@ def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path
     for stage in ("gmm", "fmllr"):
         assert stage_fingerprint(config, stage, system="tri") == stage_fingerprint(other, stage, system="tri")
         assert stage_fingerprint(config, stage, system="sat") != stage_fingerprint(other, stage, system="sat")
+
+
+def test_a_test_set_can_be_paired_with_any_training_split(tmp_path) -> None:
+    """evaluation.train_of pairs a test split with a training split its name does not give: its decodes read
+    that split's models, its lang reports the test set's OOV rate, and its score that lang."""
+    from asrflow.config import ConfigError
+    from asrflow.workflow import gmm_decode_inputs, nnet_decode_inputs, results_dir, tests_of, train_split
+
+    config = make_config(tmp_path, corpus={"name": "fsdd", "protocols": ["standard", "loso"]},
+                         nnet={"models": {"dnn": {"type": "dnn"}}},
+                         evaluation={"systems": ["tri", "dnn"], "test_sets": ["test", "loso_theo_test"],
+                                     "train_of": {"loso_theo_test": "train"}})
+    root = results_dir(config)
+    assert train_split("loso_theo_test", config) == "train" and train_split("loso_theo_test") == "loso_theo_train"
+    assert tests_of(config, "train") == ["test", "loso_theo_test"]
+    assert nnet_decode_inputs(config, "loso_theo_test", "dnn")["model"] == f"{root}/nnet/train/dnn"
+    assert gmm_decode_inputs(config, "loso_theo_test", "tri")["model"] == f"{root}/gmm/train/tri"
+    with pytest.raises(ConfigError, match="'evaluation.train_of': dev_test not in evaluation.test_sets"):
+        make_config(tmp_path, evaluation={"train_of": {"dev_test": "train"}})

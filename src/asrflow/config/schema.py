@@ -161,6 +161,9 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(_explain(e, schema) for e in errors))
     if config["audio"]["min_duration"] >= config["audio"]["max_duration"]:
         raise ConfigError("config key 'audio.min_duration' must be below 'audio.max_duration'")
+    if unknown := sorted(set(config["evaluation"]["train_of"]) - set(config["evaluation"]["test_sets"])):
+        raise ConfigError(f"config key 'evaluation.train_of': {', '.join(unknown)} not in evaluation.test_sets "
+                          f"({', '.join(config['evaluation']['test_sets'])})")
     if (config["lang"]["lexicon"] == "file") != bool(config["lang"]["lexicon_file"]):
         raise ConfigError("config key 'lang.lexicon_file': give it exactly when lang.lexicon is file "
                           f"(lexicon: {config['lang']['lexicon']}, lexicon_file: {config['lang']['lexicon_file']})")

@@ -196,7 +196,7 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
         splits[perturbed_split(train)] = read_alignments(Path(align_dir) / "ali" / "transition_ids.txt")
     manifest_splits = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))["splits"]
     for split in manifest_splits:
-        if split.endswith("test") and train_split(split) == train:
+        if split.endswith("test") and train_split(split, config) == train:
             splits[split] = None
     report, summary = [], {}
     for split, alignments in splits.items():

@@ -115,7 +115,9 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
     from asrflow.workflow import train_split
 
     rows = []
-    main_train = train_split(tests[0])
+    score = next((r for s in systems if (r := latest.get(f"score-{s}-{tests[0]}"))), None)
+    # evaluation.train_of, as the score run logged the resolved config; else the split of the same name
+    main_train = (score.params.get(f"evaluation.train_of.{tests[0]}") if score else None) or train_split(tests[0])
     for system in systems:
         training = (latest.get(f"gmm-{system.removesuffix('_fmllr')}-{main_train}")
                     or latest.get(f"nnet-{system}-{main_train}"))
