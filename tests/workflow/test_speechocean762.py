@@ -1,0 +1,73 @@
+"""The speechocean762 slice (12 speakers, continuous read speech at 16 kHz) through the whole DAG: import with
+root-relative wav.scp paths, the corpus's own lexicon, the GMMs, one small network, scoring by speaker group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.snakemake_run import snakemake
+
+pytestmark = pytest.mark.workflow
+
+OVERLAY = """\
+experiment: speechocean762_mini
+corpus: {{name: speechocean762, path: {path}}}
+audio: {{sample_rate: 16000, max_duration: 20.0}}
+dask: {{workers: 1}}
+features: {{kinds: [mfcc, fbank], shard_utts: 40}}
+lang: {{lexicon: corpus, lm_order: 2}}
+gmm:
+  shard_utts: 20
+  mono: {{gaussians: 300, iterations: 20}}
+  tri: {{leaves: 200, gaussians: 1000, iterations: 15, realign_iterations: [5, 10]}}
+# narrow beams and small tuning grids: six training speakers make weak models, whose searches are wide
+decode: {{beam: 9.0, max_active: 1000, lattice_beam: 4.0, shard_utts: 20,
+         tune: {{acoustic_scale: [0.07, 0.1], insertion_penalty: [0.0, 1.0]}}}}
+nnet:
+  threads: 1
+  valid_fraction: 0.05
+  train: {{epochs: 4, max_frames: 4000, patience: 4}}
+  models:
+    dnn: {{type: dnn, hidden: 96, layers: 2, context: 5}}
+  decode: {{graph_beam: 8.0, max_active: 1000, shard_utts: 20,
+           tune: {{acoustic_scale: [0.1, 0.2], insertion_penalty: [0.0, 1.0]}}}}
+evaluation:
+  systems: [mono, tri, dnn]
+  test_sets: [test]
+  groups: {{gender: {{}}, age: {{edges: [16], labels: [child, adult]}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def mini_run(tmp_path_factory, mirror) -> Path:
+    workdir = tmp_path_factory.mktemp("speechocean762")
+    config = workdir / "speechocean762_mini.yaml"
+    config.write_text(OVERLAY.format(path=mirror / "speechocean762-mini"))
+    snakemake(workdir, "--cores", "2", "--configfile", str(config))
+    return workdir
+
+
+def test_the_slice_is_imported_with_its_speakers(mini_run: Path) -> None:
+    res = mini_run / "results" / "speechocean762_mini"
+    manifest = json.loads((res / "data" / "manifest.json").read_text())
+    assert manifest["utterances"] == 240 and manifest["rejected"] == 0
+    assert (res / "data" / "test" / "spk2age").read_text().count("\n") == 6
+    lang = json.loads((res / "lang" / "train" / "manifest.json").read_text())
+    assert lang["lexicon"] == "corpus" and lang["grapheme_fallback_words"] == 0 and lang["phones"] == 39
+    assert 0 < lang["test_sets"]["test"]["oov_rate"] < 0.5
+
+
+def test_every_system_is_scored_by_speaker_group(mini_run: Path) -> None:
+    res = mini_run / "results" / "speechocean762_mini"
+    for system in ("mono", "tri", "dnn"):
+        score = json.loads((res / "score" / system / "test.json").read_text())
+        assert score["n_utts"] == 120 and 0 < score["wer"] < 1.2, (system, score["wer"])
+        groups = score["groups"]
+        assert set(groups["gender"]) == {"f", "m"} and set(groups["age"]) == {"child", "adult"}
+        assert sum(g["n_utts"] for g in groups["age"].values()) == 120
+        assert "wer_in_vocabulary" in score
+    table = (res / "compare" / "table.md").read_text()
+    assert "| dnn | dnn | hybrid |" in table
