@@ -55,8 +55,11 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 def parallel_settings(config: dict[str, Any], system: str) -> dict[str, Any]:
-    """``nnet.parallel`` overlaid with network ``system``'s own ``parallel`` overrides."""
-    return {**config["nnet"]["parallel"], **config["nnet"]["models"][system].get("parallel", {})}
+    """``nnet.parallel`` overlaid with network ``system``'s own ``parallel`` overrides, as plain values
+    (:func:`asrflow.config.settings.parallel`)."""
+    from asrflow.config.settings import parallel
+
+    return parallel(config, system).as_dict()
 
 
 def per_attempt(base: int) -> Callable[..., int]:

@@ -22,6 +22,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _by_reason(counts: dict[str, int]) -> dict[str, int]:
+    """MLflow metrics ``rejected.<reason>`` of rejection counts by kind of reason."""
+    return {f"rejected.{reason.replace(' ', '_')}": n for reason, n in counts.items()}
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     """Import the corpus into validated Kaldi data dirs on Dask, logged as the ``data`` stage run."""
     from asrflow.cluster import dask_client
@@ -37,8 +42,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         except CorpusError:
             if args.report and Path(args.report).is_file():  # what was rejected is counted even when all was
                 counts = reason_counts(Path(args.report))
-                run.log_metrics({"rejected": sum(counts.values()),
-                                 **{f"rejected.{k.replace(' ', '_')}": v for k, v in counts.items()}})
+                run.log_metrics({"rejected": sum(counts.values()), **_by_reason(counts)})
                 run.log_artifact(args.report)
             raise
         out = Path(args.out)
@@ -46,7 +50,7 @@ def cmd_data(args: argparse.Namespace) -> int:
             "utterances": summary.utterances, "hours": summary.hours, "rejected": summary.rejected,
             "wall_seconds": summary.wall_seconds, "x_real_time": summary.x_real_time,
             **{f"split.{k}.utterances": v["utterances"] for k, v in summary.splits.items()},
-            **{f"rejected.{k.replace(' ', '_')}": v for k, v in summary.rejected_by_reason.items()},
+            **_by_reason(summary.rejected_by_reason),
             **{f"extra_training.{tag}.{k}": v for tag, stats in summary.extra_training.items()
                for k, v in stats.items()},
         })

@@ -63,12 +63,11 @@ def train_options(config: dict[str, Any], system: str, epochs: int | None = None
     return opts
 
 
-def parallel_options(config: dict[str, Any], system: str) -> Parallel:
-    """Network ``system``'s parallel settings; the learner count must match the processes torchrun started.
+def checked_parallel(opts: Parallel) -> Parallel:
+    """A network's parallel settings, once its learner count is known to match the processes torchrun started.
 
     The launch settings (nodes, launcher, port, gpus) are ``asrflow launch``'s, not the learners'.
     """
-    opts = settings.parallel(config, system)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != opts.learners:
         raise NnetError(f"nnet.parallel.learners is {opts.learners} but {world} learner process(es) are running; "
@@ -222,7 +221,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     out.mkdir(parents=True, exist_ok=True)
     state = paths.state or out / "state"
     targets, train_set, valid_set, rejected = training_data(config, system, train_split, paths)
-    opts = train_options(config, system)
+    opts = net.training
     init = initial_weights(config, system, paths.init)
     criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang)
                  if net.objective == "hybrid" else None)
@@ -252,7 +251,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     model = config["nnet"]["models"][system]
     summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
                     objective=net.objective, extra=targets.extra, state_dir=state,
-                    parallel=parallel_options(config, system), criterion=criterion, init=init)
+                    parallel=checked_parallel(net.parallel), criterion=criterion, init=init)
     run.log_metric_steps(pending)
     manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
