@@ -43,7 +43,7 @@ rule graph_ctc:
         "asrflow graph --lang {input.lang} --ctc --out {output} > {log} 2>&1"
 
 
-# A GMM system (mono, tri), or one decoded with speaker-adapted features (mono_fmllr, tri_fmllr,
+# A GMM system (mono, tri, lda), or one decoded with speaker-adapted features (tri_fmllr, lda_fmllr,
 # sat_fmllr: the test speakers' features after the fmllr rule's two passes, Kaldi's decode_fmllr.sh),
 # with the setting rule tune_gmm chose for it (decode.tune).
 rule decode:

@@ -1,5 +1,6 @@
-# GMM-HMM training on Dask: flat-start monophone, triphone from its alignments, and the
-# speaker-adaptively trained triphone (sat) on the tri's fMLLR-adapted features.
+# GMM-HMM training on Dask: flat-start monophone, triphone from its alignments, triphone on LDA+MLLT
+# features (lda) from the tri's, and the speaker-adaptively trained triphone (sat) on the lda's
+# fMLLR-adapted features.
 
 
 rule gmm:
@@ -43,7 +44,7 @@ rule align:
         directory(f"{RESULTS}/align/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system="mono|tri",
+        system="mono|tri|lda",
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "align", system=wildcards.system),

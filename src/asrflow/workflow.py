@@ -19,6 +19,7 @@ from typing import Any
 
 from asrflow.config import (
     FMLLR_SYSTEMS,
+    GMM_SOURCES,
     GMM_SYSTEMS,
     SAT_SOURCES,
     ConfigError,
@@ -128,14 +129,13 @@ def network_systems(config: dict[str, Any]) -> list[str]:
 def gmm_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of training GMM ``system`` on ``train``: the MFCCs, or for a speaker-adaptively
     trained system the fold's features adapted by its source GMM (rule fmllr); and the system
-    whose alignments start it (tri: mono; sat: tri)."""
+    whose alignments start it (:data:`~asrflow.config.GMM_SOURCES`)."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": f"{root}/features/mfcc", "lang": f"{root}/lang/{train}"}
     if system in SAT_SOURCES:
         inputs["features"] = f"{root}/fmllr/{train}/{SAT_SOURCES[system]}"
-        inputs["source"] = f"{root}/gmm/{train}/{SAT_SOURCES[system]}"
-    elif system != "mono":
-        inputs["source"] = f"{root}/gmm/{train}/mono"
+    if system in GMM_SOURCES:
+        inputs["source"] = f"{root}/gmm/{train}/{GMM_SOURCES[system]}"
     return inputs
 
 

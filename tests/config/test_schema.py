@@ -83,8 +83,8 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
           "evaluation": {"systems": ["tri_fmllr"]}},
          "config key 'evaluation.systems': tri_fmllr adapts the GMM's MFCC features; add mfcc to features.kinds"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["tri_fmlr"]}},
-         "'tri_fmlr' is neither a GMM system (mono, tri, mono_fmllr, tri_fmllr, sat_fmllr) nor a network in "
-         "nnet.models (did you mean 'tri_fmllr'?)"),
+         "'tri_fmlr' is neither a GMM system (mono, tri, lda, mono_fmllr, tri_fmllr, lda_fmllr, sat_fmllr) nor a "
+         "network in nnet.models (did you mean 'tri_fmllr'?)"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["sat"]}},
          "config key 'evaluation.systems': sat is trained on speaker-adapted features and decodes them only: "
          "evaluate sat_fmllr"),
@@ -92,7 +92,7 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
           "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat", "train": {"speed_perturb": True}}}},
           "evaluation": {"systems": ["a"]}},
          "config key 'nnet.models.a': speed_perturb needs alignments of the speed-perturbed copies, which asrflow "
-         "makes with mono or tri, not sat"),
+         "makes with mono, tri or lda, not sat"),
         ({"experiment": "x", "corpus": {"name": "yesno"},
           "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat"}, "b": {"type": "dnn"},
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},

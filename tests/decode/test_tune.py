@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, tuned_settings
+from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, spread, tuned_settings, visit
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
+from asrflow.nnet.stage import held_out_speakers
 
 
 def test_grid_is_row_major_over_the_axes() -> None:
@@ -45,6 +46,57 @@ def test_a_flat_optimum_is_left_at_its_middle() -> None:
     assert choose(errors, (6, 1)) == 1  # 0..3 tie on errors and neighbourhood; 1 and 2 are nearest the middle
     assert choose([2, 2, 2], (3,)) == 1
     assert choose([4], (1, 1)) == 0
+
+
+def test_unvisited_points_are_left_out_of_the_choice() -> None:
+    nan = float("nan")
+    errors = [nan, 3, nan,
+              2, 2, 5,
+              nan, 9, nan]
+    assert choose(errors, (3, 3)) == 3  # (1, 0) and (1, 1) tie; (1, 0)'s visited neighbours do better
+
+
+def _bowl(point: tuple[int, ...]) -> int:
+    """Errors with one minimum at (4, 2), and an axis interaction that a single sweep would miss."""
+    a, b = point
+    return (a - 4) ** 2 + 2 * (b - 2) ** 2 + (a - 4) * (b - 2) + 3
+
+
+def test_coordinate_search_finds_the_grid_optimum_with_fewer_decodes() -> None:
+    batches: list[list[tuple[int, ...]]] = []
+
+    def evaluate(points):
+        batches.append(points)
+        return [_bowl(p) for p in points]
+
+    grid = visit((7, 5), "grid", evaluate)
+    assert len(grid) == 35 and len(batches) == 1
+    batches.clear()
+    line = visit((7, 5), "coordinate", evaluate)
+    assert batches[0] == [(i, 0) for i in range(7)]  # the first setting's list, the others at their first value
+    assert len(line) < len(grid) and all(line[p] == grid[p] for p in line)
+    shape = (7, 5)
+    chosen = choose([line.get(p, float("nan")) for p in np.ndindex(shape)], shape)
+    assert np.unravel_index(chosen, shape) == (4, 2)
+    assert sum(len(b) for b in batches) == len(line)  # no point decoded twice
+
+
+def test_a_tuning_cap_spreads_over_the_held_out_utterances() -> None:
+    utts = {f"u{i:03d}" for i in range(100)}
+    assert spread(utts, None) == utts and spread(utts, 500) == utts
+    capped = spread(utts, 10)
+    assert len(capped) == 10 and min(capped) == "u000" and max(capped) == "u090"
+
+
+def test_held_out_speakers_keep_all_their_utterances() -> None:
+    utt2spk = {f"s{s}_{u}": f"s{s}" for s in range(10) for u in range(5 + s)}
+    utts = sorted(utt2spk)
+    chosen = held_out_speakers(utts, utt2spk, 0.1, seed=0)
+    speakers = {utt2spk[u] for u in chosen}
+    assert chosen == {u for u in utts if utt2spk[u] in speakers}  # whole speakers
+    assert len(chosen) >= 0.1 * len(utts) and len(speakers) < 10
+    assert held_out_speakers(utts, utt2spk, 0.1, seed=0) == chosen  # seeded
+    assert held_out_speakers(["a", "b"], {"a": "x", "b": "x"}, 0.4, 0) == {"a", "b"}  # one speaker: held out
 
 
 def test_the_word_penalty_costs_every_output_word_and_nothing_else() -> None:

@@ -22,9 +22,10 @@ from asrflow.features.stage import extract_features
 from asrflow.gmm import fmllr
 from asrflow.gmm.adapt import adapt_splits, read_transforms
 from asrflow.gmm.estep import features
+from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.shards import split_shards
 from asrflow.gmm.stage import align_split, read_alignments, write_alignments
-from asrflow.gmm.train import train_mono, train_tri
+from asrflow.gmm.train import train_lda, train_mono, train_tri
 from asrflow.lang.stage import prepare_lang
 
 from ..conftest import make_config, write_wav
@@ -200,6 +201,35 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
         written = read_scp(out / split / "feats.scp")
         utt, x = raw.utts[0], features(raw)[0]
         np.testing.assert_allclose(load(written[utt]), fmllr.apply(final["global"], x), atol=1e-3)
+
+
+def test_lda_mllt_system_trains_on_projected_features_from_the_tri_alignments(yesno, dask_client_1,
+                                                                              tmp_path) -> None:
+    """train_lda_mllt.sh: LDA over the tri's pdfs projects 7 spliced 13-dim frames to ``dim``; each MLLT update
+    raises its objective, and the model's likelihood grows; the folder keeps the final projection, which is
+    how the system's features are read again."""
+    config, shards, lang = yesno
+    root = lang.parent
+    small = {"iterations": 7, "realign_iterations": [3, 5], "leaves": 30, "gaussians": 150, "min_leaf_count": 20}
+    gmm = config["gmm"]
+    config = {**config, "gmm": {**gmm, "tri": {**gmm["tri"], **small},
+                                "lda": {**gmm["lda"], **small, "dim": 20, "mllt_iterations": [2, 4]}}}
+    mono, _ = _train(config, shards, lang, dask_client_1)
+    tri = train_tri(config, shards, lang, mono.model, mono.alignments, dask_client_1, lambda *_: None, QUIET)
+
+    def through(projection):
+        return split_shards(root / "data", root / "mfcc", lang, "train", 4, deltas=0, projection=projection)
+
+    steps: list[dict] = []
+    lda = train_lda(config, through, lang, tri.model, tri.alignments, dask_client_1, lambda i, m: steps.append(m),
+                    QUIET)
+    assert lda.projection.matrix.shape == (20, 91) and lda.projection.context == 3
+    assert len(lda.info["mllt_gain_per_frame"]) == 2 and all(g > 0 for g in lda.info["mllt_gain_per_frame"])
+    assert len(lda.alignments) == 31 and lda.model.am.dim == 20
+    assert steps[-1]["loglike_per_frame"] > steps[0]["loglike_per_frame"]
+    lda.projection.save(tmp_path)
+    again = split_shards(root / "data", root / "mfcc", lang, "train", 4, **gmm_features(tmp_path))
+    np.testing.assert_allclose(features(again[0])[0], lda.projection(features(through(None)[0])[0]), atol=1e-4)
 
 
 def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:

@@ -40,16 +40,20 @@ def test_outputs(yesno_run: Path) -> None:
 def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
     res = yesno_run / "results" / "yesno"
     scores = {s: json.loads((res / "score" / s / "test.json").read_text())
-              for s in ("mono", "tri", "tri_fmllr", "sat_fmllr")}
+              for s in ("mono", "tri", "lda", "tri_fmllr", "sat_fmllr")}
     for summary in scores.values():
         assert {"wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts", "oov_rate", "rtf"} <= summary.keys()
         assert summary["n_ref_words"] == 232 and summary["n_utts"] == 29 and summary["oov_rate"] == 0.0
         assert 0 < summary["rtf"] < 0.2
     assert scores["tri"]["errors"] == 0, scores["tri"]
+    assert scores["lda"]["errors"] <= 1, scores["lda"]  # triphones on LDA+MLLT features
     assert scores["tri_fmllr"]["errors"] <= 1, scores["tri_fmllr"]  # the tri GMM on speaker-adapted features
     assert scores["sat_fmllr"]["errors"] <= 1, scores["sat_fmllr"]  # trained on them (yesno: one speaker)
     sat = json.loads((res / "fmllr" / "train" / "sat" / "manifest.json").read_text())
-    assert sat["started_from"] == "results/yesno/fmllr/train/tri" and sat["splits"]["test"]["adapted"] == 1
+    assert sat["started_from"] == "results/yesno/fmllr/train/lda" and sat["splits"]["test"]["adapted"] == 1
+    lda = json.loads((res / "gmm" / "train" / "lda" / "manifest.json").read_text())
+    assert lda["lda_dim"] == 40 and len(lda["mllt_gain_per_frame"]) == 4
+    assert (res / "gmm" / "train" / "sat" / "final.mat").is_file()  # the features sat's transforms adapt
     assert scores["mono"]["errors"] <= 1, scores["mono"]  # one insertion: docs/results/yesno.md
     for system in scores:  # decoder settings tuned on the networks' held-out utterances (decode.tune)
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
@@ -67,10 +71,10 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{yesno_run / 'results' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("yesno")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    systems = ("mono", "tri", "tri_fmllr", "sat_fmllr", *NETWORKS, ENSEMBLE)
+    systems = ("mono", "tri", "lda", "tri_fmllr", "sat_fmllr", *NETWORKS, ENSEMBLE)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
-                         "gmm-mono-train", "gmm-tri-train", "gmm-sat-train", "align-tri-train_sp",
-                         "fmllr-tri-train", "fmllr-sat-train",
+                         "gmm-mono-train", "gmm-tri-train", "gmm-lda-train", "gmm-sat-train", "align-tri-train_sp",
+                         "fmllr-tri-train", "fmllr-lda-train", "fmllr-sat-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"tune-{s}-train" for s in systems],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}

@@ -20,13 +20,13 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gmm_deltas(system: str) -> int | None:
-    """Δ orders a GMM system's features get when read (its adapted features come with Δ+ΔΔ); None for a network."""
+def _gmm_adapted(system: str) -> bool | None:
+    """Whether a GMM system reads fMLLR-adapted features (``<gmm>_fmllr``); None for a network."""
     from asrflow.config import FMLLR_SYSTEMS
 
     if system in GMM_SYSTEMS:
-        return 2
-    return 0 if system in FMLLR_SYSTEMS else None
+        return False
+    return True if system in FMLLR_SYSTEMS else None
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -43,9 +43,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
         with dask_client(config["dask"], args.workers, log=_log) as client:
             tuned = tuned_settings(args.tune)
             run.log_params({f"tuned.{k}": v for k, v in tuned.items()})
-            if (deltas := _gmm_deltas(args.system)) is not None:
+            if (adapted := _gmm_adapted(args.system)) is not None:
                 info = decode_split(config, args.model, args.graph, args.data, args.features, args.lang, args.test,
-                                    args.out, client, deltas=deltas, tuned=tuned, log=_log)
+                                    args.out, client, adapted=adapted, tuned=tuned, log=_log)
             else:
                 info = decode_split_nnet(config, args.system, args.test, Paths.of(args), client, tuned=tuned,
                                          log=_log)
@@ -62,20 +62,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from asrflow.tracking import stage_run
 
     config = _load(args)
-    deltas = _gmm_deltas(args.system)
+    adapted = _gmm_adapted(args.system)
     with stage_run(config, f"tune-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system})
         with dask_client(config["dask"], args.workers, log=_log) as client:
-            if deltas is not None:
+            if adapted is not None:
                 info = tune_gmm(config, args.system, args.model, args.data, args.features, args.lang, args.train,
-                                args.out, client, deltas=deltas, log=_log)
+                                args.out, client, adapted=adapted, log=_log)
             else:
                 info = tune_network(config, args.system, args.train, Paths.of(args), client, log=_log)
         run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
         run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
                          "held_out_words": info["words"], "grid_points": len(info["grid"])})
         run.log_artifact(args.out)
-        if deltas is not None:  # a GMM: no MLflow model
+        if adapted is not None:  # a GMM: no MLflow model
             return 0
         # the pyfunc model, decoding with the tuned settings (as the test sets are decoded)
         _log_model(run, bundle_files(config, args.system, args.train, Paths.of(args), tuned=info["chosen"]))

@@ -70,20 +70,21 @@ def cmd_fmllr(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``gmm``, ``align`` and ``fmllr`` to the ``sub`` subparsers."""
-    p = with_config(sub.add_parser("gmm", help="train a GMM-HMM system (mono, tri or sat) on Dask"))
+    p = with_config(sub.add_parser("gmm", help="train a GMM-HMM system (mono, tri, lda or sat) on Dask"))
     p.add_argument("--system", required=True, choices=list(GMM_SYSTEMS))
     p.add_argument("--train", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--features", required=True,
-                   help="MFCC features folder (sat: the fmllr stage's folder of the tri system)")
+                   help="MFCC features folder (sat: the fmllr stage's folder of the lda system)")
     p.add_argument("--lang", required=True)
-    p.add_argument("--source", help="the folder of the system whose alignments start this one (tri: mono; sat: tri)")
+    p.add_argument("--source",
+                   help="the folder of the system whose alignments start this one (tri: mono; lda: tri; sat: lda)")
     p.add_argument("--out", required=True)
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_gmm)
 
     p = with_config(sub.add_parser("align", help="force-align a split with a trained GMM system on Dask"))
-    p.add_argument("--system", required=True, choices=["mono", "tri"])
+    p.add_argument("--system", required=True, choices=["mono", "tri", "lda"])
     p.add_argument("--gmm", required=True, help="the GMM system's folder")
     p.add_argument("--split", required=True, help="the split to align (e.g. train_sp: speed-perturbed copies)")
     for name in ("data", "features", "lang", "out"):
@@ -98,7 +99,7 @@ def register(sub: Any) -> None:
     p.add_argument("--gmm", required=True, help="the GMM system's folder")
     p.add_argument("--graph", required=True, help="its HCLG folder (first decoding pass of the test speakers)")
     p.add_argument("--alignments", help="align folder of the speed-perturbed copies (adapted too when given)")
-    p.add_argument("--init", help="fmllr folder whose transforms each speaker starts from (sat: the tri's)")
+    p.add_argument("--init", help="fmllr folder whose transforms each speaker starts from (sat: the lda's)")
     for name in ("data", "features", "lang", "out"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--workers", type=int, default=None)

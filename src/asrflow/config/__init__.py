@@ -2,6 +2,7 @@
 
 from asrflow.config.schema import (
     FMLLR_SYSTEMS,
+    GMM_SOURCES,
     GMM_SYSTEMS,
     SAT_SOURCES,
     ConfigError,
@@ -18,6 +19,7 @@ from asrflow.config.schema import (
 
 __all__ = [
     "FMLLR_SYSTEMS",
+    "GMM_SOURCES",
     "GMM_SYSTEMS",
     "SAT_SOURCES",
     "ConfigError",

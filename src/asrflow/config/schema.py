@@ -171,13 +171,16 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
     return config
 
 
-#: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; sat: speaker-adaptively trained)
-GMM_SYSTEMS = ("mono", "tri", "sat")
+#: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; lda: LDA+MLLT triphones;
+#: sat: speaker-adaptively trained), in the order each starts from the one before
+GMM_SYSTEMS = ("mono", "tri", "lda", "sat")
+#: The system whose alignments start each GMM system (its tree is built from them)
+GMM_SOURCES = {"tri": "mono", "lda": "tri", "sat": "lda"}
 #: GMM systems decoded with fMLLR speaker-adapted features (rule fmllr; Kaldi's decode_fmllr.sh)
 FMLLR_SYSTEMS = tuple(f"{g}_fmllr" for g in GMM_SYSTEMS)
 #: Systems trained on another system's fMLLR-adapted features, and that system (Kaldi's train_sat.sh);
 #: they only make sense decoded with adapted features, as <system>_fmllr
-SAT_SOURCES = {"sat": "tri"}
+SAT_SOURCES = {"sat": "lda"}
 
 
 def _check_systems(config: dict[str, Any]) -> None:
@@ -383,7 +386,8 @@ def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:
     elif (model_train(config, name)["speed_perturb"] and model["objective"] == "hybrid"
           and (gmm := model_alignments(config, name)) in SAT_SOURCES):
         raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb needs alignments of the "
-                          f"speed-perturbed copies, which asrflow makes with mono or tri, not {gmm} (its alignments)")
+                          f"speed-perturbed copies, which asrflow makes with mono, tri or lda, not {gmm} "
+                          f"(its alignments)")
 
 
 def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:

@@ -222,6 +222,8 @@ class Tuning(Settings):
     tlg_insertion_penalty: list[float]
     lm_weight: list[float]
     word_bonus: list[float]
+    search: str
+    max_utterances: int | None
 
 
 @dataclass(frozen=True)

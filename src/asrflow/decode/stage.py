@@ -48,14 +48,18 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
 
 def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, data_dir: str | Path,
                  feats_dir: str | Path, lang_dir: str | Path, test: str, out_dir: str | Path, client: Any,
-                 deltas: int = 2, tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
+                 adapted: bool = False, tuned: dict[str, float] | None = None, log=print) -> dict[str, Any]:
     """Decode split ``test``; write ``hyp.txt`` (words) and ``manifest.json`` (RTF, failures).
 
-    ``deltas``: Δ orders added to the features (0 for features that hold them, e.g. fMLLR-adapted).
-    ``tuned`` (from the tune stage) replaces the configured acoustic scale and insertion penalty."""
+    ``adapted``: ``feats_dir`` holds fMLLR-adapted features, used as they are (else the model's own
+    transform of the MFCCs, :func:`~asrflow.gmm.lda.gmm_features`). ``tuned`` (from the tune stage)
+    replaces the configured acoustic scale and insertion penalty."""
+    from asrflow.gmm.lda import gmm_features
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["decode"]["shard_utts"], deltas=deltas)
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, config["decode"]["shard_utts"],
+                          **gmm_features(model_dir, adapted))
     start = time.perf_counter()
     (opts,), per_shard = decode_gmm(config, model_dir, graph_dir, shards, client, [tuned or {}], desc=f"decode-{test}")
     return write_decode(out, test, [r[0] for r in per_shard], time.perf_counter() - start,

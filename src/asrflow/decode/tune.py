@@ -10,10 +10,12 @@ stopping), and the test sets are decoded once, with the winner:
   ``tlg_acoustic_scale`` and ``tlg_insertion_penalty``);
 - other CTC networks: ``lm_weight`` × ``word_bonus`` in the prefix beam search.
 
-One forward pass per shard serves the whole grid. Held-out sets are small, so several
-settings often tie on errors; the tie goes to the setting whose grid neighbours make the
-fewest errors, and then to the middle of what is still tied (a flat optimum's centre rather
-than its edge).
+One forward pass per shard serves the whole grid (``search: grid``), or each line of a
+coordinate search (``search: coordinate``: one setting's list at a time, the others fixed at
+their best so far, until nothing changes; about the sum of the lists' lengths in decodes
+instead of their product). Held-out sets are small, so several settings often tie on errors;
+the tie goes to the setting whose (visited) grid neighbours make the fewest errors, and then to
+the middle of what is still tied (a flat optimum's centre rather than its edge).
 
 The held-out transcripts belong to the training split, so the lang folder's LM has seen
 them; on sentence prompts (Asterisk) it then favours an LM weight far stronger than the
@@ -52,16 +54,18 @@ def grid_points(tune: dict[str, Any], axes: dict[str, str]) -> list[dict[str, fl
 
 
 def neighbourhood_mean(errors: np.ndarray) -> np.ndarray:
-    """Mean of each grid point's errors and its neighbours' (±1 along every axis, clipped at the edges)."""
-    out = np.empty(errors.shape)
+    """Mean of each grid point's errors and its neighbours' (±1 along every axis, clipped at the edges; points
+    not visited, NaN, left out)."""
+    out = np.full(errors.shape, np.nan)
     for index in np.ndindex(errors.shape):
-        window = tuple(slice(max(0, i - 1), i + 2) for i in index)
-        out[index] = errors[window].mean()
+        window = errors[tuple(slice(max(0, i - 1), i + 2) for i in index)]
+        if not np.isnan(window).all():
+            out[index] = np.nanmean(window)
     return out
 
 
-def choose(errors: list[int], shape: tuple[int, ...]) -> int:
-    """Row-major index of the chosen grid point.
+def choose(errors: list[float], shape: tuple[int, ...]) -> int:
+    """Row-major index of the chosen grid point (NaN: not visited).
 
     Fewest errors; among those, the best neighbourhood mean; among those, the one nearest
     (in grid steps) to their centroid; then the first.
@@ -69,11 +73,46 @@ def choose(errors: list[int], shape: tuple[int, ...]) -> int:
     grid = np.asarray(errors, dtype=float).reshape(shape)
     smooth = neighbourhood_mean(grid).ravel()
     flat = grid.ravel()
-    tied = np.flatnonzero(flat == flat.min())
+    tied = np.flatnonzero(flat == np.nanmin(flat))
     tied = tied[smooth[tied] == smooth[tied].min()]
     coords = np.array(np.unravel_index(tied, shape)).T
     distance = np.abs(coords - coords.mean(axis=0)).sum(axis=1)
     return int(tied[np.lexsort((tied, distance))[0]])
+
+
+def visit(shape: tuple[int, ...], search: str,
+          evaluate: Callable[[list[tuple[int, ...]]], list[int]], max_rounds: int = 4) -> dict[tuple[int, ...], int]:
+    """Errors at the grid points a search visits; ``evaluate(points)`` decodes a batch of points (grid indices).
+
+    ``grid``: every point, in one batch. ``coordinate``: from index 0 of every axis, a line along one axis at a
+    time (one batch of the points not yet visited) moves to its chosen point (:func:`choose`), until a round
+    over every axis moves nowhere (at most ``max_rounds`` rounds).
+    """
+    if search == "grid":
+        points = list(np.ndindex(shape))
+        return dict(zip(points, evaluate(points)))
+    errors: dict[tuple[int, ...], int] = {}
+    current = (0,) * len(shape)
+    for _ in range(max_rounds):
+        moved = False
+        for axis in range(len(shape)):
+            line = [current[:axis] + (i,) + current[axis + 1:] for i in range(shape[axis])]
+            if new := [p for p in line if p not in errors]:
+                errors.update(zip(new, evaluate(new)))
+            chosen = line[choose([errors[p] for p in line], (shape[axis],))]
+            moved |= chosen != current
+            current = chosen
+        if not moved:
+            break
+    return errors
+
+
+def spread(utterances: set[str], limit: int | None) -> set[str]:
+    """At most ``limit`` of ``utterances``, evenly spread over them in sorted order (None: all)."""
+    if limit is None or len(utterances) <= limit:
+        return set(utterances)
+    ordered = sorted(utterances)
+    return {ordered[int(i * len(ordered) / limit)] for i in range(limit)}
 
 
 def hypotheses(results: list[list[Any]], setting: int) -> dict[str, str]:
@@ -110,21 +149,22 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
         return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc)[1]
 
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
-                        paths.data, paths.features, paths.lang, train_split, out, build_graph, decode, deltas=0,
-                        cmvn=model_cmvn(config, system), log=log)
+                        paths.data, paths.features, paths.lang, train_split, out, build_graph, decode,
+                        {"deltas": 0, "cmvn": model_cmvn(config, system)}, log=log)
 
 
 def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_dir: str | Path,
              feats_dir: str | Path, lang_dir: str | Path, train_split: str, out_dir: str | Path, client: Any,
-             deltas: int = 2, log=print) -> dict[str, Any]:
+             adapted: bool = False, log=print) -> dict[str, Any]:
     """The GMM counterpart of :func:`tune_network` (``decode.tune``): acoustic scale × insertion penalty of GMM
-    ``system`` (the model in ``model_dir``; ``<gmm>_fmllr`` on its adapted features) chosen on the networks'
-    held-out utterances, decoded with the held-out LM through an HCLG built here.
+    ``system`` (the model in ``model_dir``; ``<gmm>_fmllr``, ``adapted``, on its adapted features) chosen on the
+    networks' held-out utterances, decoded with the held-out LM through an HCLG built here.
 
     The GMM was trained on those utterances (the networks were not), so its acoustic scores
     there are somewhat more confident than on new speech.
     """
     from asrflow.decode.stage import decode_gmm, make_graph
+    from asrflow.gmm.lda import gmm_features
 
     out = Path(out_dir)
     graph = out / "graph"
@@ -134,19 +174,20 @@ def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_di
 
     return tune_decoder(config, system, "gmm", AXES["hclg"], config["decode"]["tune"], data_dir, feats_dir,
                         lang_dir, train_split, out, lambda lang: make_graph(lang, model_dir, graph, log=log),
-                        decode, deltas=deltas, log=log)
+                        decode, gmm_features(model_dir, adapted), log=log)
 
 
 def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict[str, str], tune: dict[str, Any],
                  data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, train_split: str, out: Path,
                  build_graph: Callable[[Path], Any],
-                 decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]], deltas: int = 0,
-                 cmvn: str = "speaker", log=print) -> dict[str, Any]:
+                 decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]],
+                 features: dict[str, Any], log=print) -> dict[str, Any]:
     """The grid search shared by networks and GMMs.
 
     ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph
     of the held-out LM's lang, and ``decode(lang, shards, points, desc)`` decodes ``shards`` once
-    per grid point through it (per shard, one result per point).
+    per grid point through it (per shard, one result per point). ``features``: how the system reads
+    its features (keyword arguments of :func:`~asrflow.gmm.shards.split_shards`).
     """
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
@@ -154,30 +195,39 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
 
     out.mkdir(parents=True, exist_ok=True)
     points = grid_points(tune, axes)
+    shape = tuple(len(tune[key]) for key in axes.values())
     held_out = held_out_utterances(config, data_dir, train_split)
     shards = split_shards(data_dir, feats_dir, lang_dir, train_split, config["nnet"]["decode"]["shard_utts"],
-                          deltas=deltas, only=held_out, cmvn=cmvn)
+                          only=spread(held_out, tune["max_utterances"]), **features)
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
     # the LM and graph without the held-out transcripts (the test sets' are not in the LM either)
     lang_dir, vocabulary = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
     build_graph(lang_dir)
-    results = decode(lang_dir, shards, points, f"tune-{system}")
     texts = read_table(Path(data_dir) / train_split / "text")
     refs = {utt: texts[utt] for s in shards for utt in s.utts}
-    grid = []
-    for j, point in enumerate(points):
-        summary, _ = score_corpus(refs, hypotheses(results, j))
-        grid.append({**point, "errors": summary["errors"], "wer": summary["wer"]})
-    best = choose([g["errors"] for g in grid], tuple(len(tune[key]) for key in axes.values()))
+    scored: dict[int, dict[str, Any]] = {}
+
+    def evaluate(indices: list[tuple[int, ...]]) -> list[int]:
+        flat = [int(np.ravel_multi_index(i, shape)) for i in indices]
+        results = decode(lang_dir, shards, [points[j] for j in flat], f"tune-{system}-{len(scored)}")
+        for k, j in enumerate(flat):
+            summary, _ = score_corpus(refs, hypotheses(results, k))
+            scored[j] = {**points[j], "errors": summary["errors"], "wer": summary["wer"]}
+        return [scored[j]["errors"] for j in flat]
+
+    visit(shape, tune["search"], evaluate)
+    grid = [scored[j] for j in sorted(scored)]
+    best = choose([scored[j]["errors"] if j in scored else np.nan for j in range(len(points))], shape)
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
             "words": sum(len(t.split()) for t in refs.values()), "oov_rate": oov_rate(refs.values(), vocabulary)[0],
-            "axes": list(axes),
-            "chosen": points[best], "errors": grid[best]["errors"], "wer": grid[best]["wer"], "grid": grid}
+            "axes": list(axes), "search": tune["search"],
+            "chosen": points[best], "errors": scored[best]["errors"], "wer": scored[best]["wer"], "grid": grid}
     (out / "tune.json").write_text(json.dumps(info, indent=2) + "\n")
     (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
         "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
-    log(f"{system}: {len(points)} decoder settings on {info['utterances']} held-out utterances "
+    log(f"{system}: {len(grid)} of {len(points)} decoder settings ({tune['search']} search) on "
+        f"{info['utterances']} held-out utterances "
         f"({info['words']} words, {100 * info['oov_rate']:.1f} % out of the tuning LM's vocabulary): "
         f"errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
         f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")

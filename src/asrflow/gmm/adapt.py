@@ -40,6 +40,7 @@ from asrflow.decode.decoder import DecodeOptions, decode_all, gmm_decodable, gmm
 from asrflow.features.ark import write_ark, write_text_atomic
 from asrflow.gmm import fmllr
 from asrflow.gmm.estep import AlignOptions, Shard, features, text_graph, tree_key, viterbi_alignment
+from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.gmm.stage import read_alignments
@@ -200,7 +201,8 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
             splits[split] = None
     report, summary = [], {}
     for split, alignments in splits.items():
-        shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"])
+        shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
+                              **gmm_features(gmm_dir))
         items = [(s, None if alignments is None else {u: alignments[u] for u in s.utts if u in alignments})
                  for s in shards]
         start_from = Path(init_dir) / split / "trans.txt" if init_dir is not None else None

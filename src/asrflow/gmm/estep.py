@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrflow.features import add_deltas, apply_cmvn, load
+from asrflow.features import Projection, add_deltas, apply_cmvn, load
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
@@ -41,6 +41,7 @@ class Shard:
     lang_dir: str
     deltas: int = 2
     per_utterance: bool = False  # each utterance normalised by its own mean (a network's cmvn: utterance)
+    projection: Projection | None = None  # spliced frames through LDA+MLLT (then deltas is 0)
 
 
 @dataclass
@@ -70,14 +71,21 @@ class EStepResult:
 
 
 def features(shard: Shard) -> list[np.ndarray]:
-    """CMVN (per speaker, or per utterance) then Δ/ΔΔ features of a shard, cached per worker process."""
-    cached = _FEATURES.get(shard.key)
+    """CMVN (per speaker, or per utterance) then Δ/ΔΔ features of a shard, or its spliced frames through its
+    projection; cached per worker process (the latest projection of a shard only)."""
+    key = shard.key if shard.projection is None else f"{shard.key}/{shard.projection.key}"
+    cached = _FEATURES.get(key)
     if cached is None:
         cached = []
         for value, spk in zip(shard.feats, shard.speakers):
             mat = apply_cmvn(load(value), None if shard.per_utterance else shard.cmvn[spk])
-            cached.append(np.ascontiguousarray(add_deltas(mat, shard.deltas) if shard.deltas else mat))
-        _FEATURES[shard.key] = cached
+            if shard.deltas:
+                mat = add_deltas(mat, shard.deltas)
+            cached.append(np.ascontiguousarray(mat if shard.projection is None else shard.projection(mat)))
+        if shard.projection is not None:  # an MLLT update replaces the shard's features: drop the old ones
+            for old in [k for k in _FEATURES if k.startswith(f"{shard.key}/")]:
+                del _FEATURES[old]
+        _FEATURES[key] = cached
     return cached
 
 

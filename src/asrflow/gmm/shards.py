@@ -9,6 +9,7 @@ import kaldiio
 
 from asrflow.cluster import shard
 from asrflow.data.datadir import read_table
+from asrflow.features import Projection
 from asrflow.features.ark import read_scp
 from asrflow.gmm.estep import Shard
 from asrflow.lang.graph import read_symbols
@@ -17,9 +18,12 @@ from asrflow.lang.lexicon import OOV_WORD
 
 def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, split: str,
                  shard_utts: int, deltas: int = 2, only: set[str] | None = None,
-                 cmvn: str = "speaker") -> list[Shard]:
+                 cmvn: str = "speaker", projection: Projection | None = None) -> list[Shard]:
     """Shards of ``split`` (sorted utterances with features, those in ``only`` if given), transcripts as word ids
-    (OOV → ``<unk>``); ``cmvn`` ``utterance``: features normalised per utterance, not per speaker."""
+    (OOV → ``<unk>``); ``cmvn`` ``utterance``: features normalised per utterance, not per speaker;
+    ``projection``: spliced frames through it instead of Δ features (``deltas`` must then be 0)."""
+    if projection is not None and deltas:
+        raise ValueError("a projection replaces the deltas: give deltas=0 with it")
     data_dir, feats_dir = Path(data_dir), Path(feats_dir)
     text = read_table(data_dir / split / "text")
     utt2spk = read_table(data_dir / split / "utt2spk")
@@ -42,5 +46,6 @@ def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Pa
             lang_dir=str(lang_dir),
             deltas=deltas,
             per_utterance=cmvn == "utterance",
+            projection=projection,
         ))
     return out

@@ -1,8 +1,9 @@
-"""The gmm stage: train one system (``mono``, ``tri`` or ``sat``) on a training split and write it out.
+"""The gmm stage: train one system (``mono``, ``tri``, ``lda`` or ``sat``) on a training split and write it out.
 
 Output folder (``results/<exp>/gmm/<train split>/<system>/``)::
 
     final.mdl.pkl  tree          the model (tree also in Kaldi's binary format)
+    final.mat  splice_opts       lda and sat: the LDA+MLLT projection of spliced frames (Kaldi's formats)
     ali/transition_ids.txt       forced alignment of every training utterance (Kaldi text archives)
     ali/pdfs.txt  ali/phones.txt frame-level pdf ids and phone symbols
     report.tsv                   utterances that could not be aligned, and why
@@ -26,10 +27,12 @@ import numpy as np
 from asrflow.cluster import broadcast, run_sharded
 from asrflow.config import SAT_SOURCES
 from asrflow.data.datadir import read_data_dir
+from asrflow.features import Projection
 from asrflow.gmm.estep import AlignOptions
+from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
-from asrflow.gmm.train import TrainResult, estep_task, train_mono, train_tri
+from asrflow.gmm.train import TrainResult, estep_task, train_lda, train_mono, train_tri
 from asrflow.lang.graph import read_symbols
 
 
@@ -124,7 +127,8 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     out.mkdir(parents=True, exist_ok=True)
     model = GmmModel.load(model_dir)
     cfg = config["gmm"][system]
-    shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"])
+    shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
+                          **gmm_features(model_dir))
     blob = broadcast(client, model.to_bytes())
     results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align",
                           AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
@@ -149,18 +153,23 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                  source_dir: str | Path | None = None, log=print) -> dict[str, Any]:
     """Train ``system`` on split ``train`` and write the output folder; returns the manifest.
 
-    ``feats_dir``: the MFCCs (CMVN and Δ+ΔΔ applied here), or for a speaker-adaptively trained
-    system (:data:`~asrflow.config.SAT_SOURCES`) the fmllr stage's adapted features, used as they
-    are. ``source_dir``: the system whose alignments build the tree (tri: mono; sat: tri).
+    ``feats_dir``: the MFCCs (CMVN and Δ+ΔΔ or the LDA+MLLT projection applied here), or for a
+    speaker-adaptively trained system (:data:`~asrflow.config.SAT_SOURCES`) the fmllr stage's
+    adapted features, used as they are. ``source_dir``: the system whose alignments build the tree
+    (tri: mono; lda: tri; sat: lda).
     """
     out, lang_dir = Path(out_dir), Path(lang_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shards = split_shards(data_dir, feats_dir, lang_dir, train, config["gmm"]["shard_utts"],
-                          deltas=0 if system in SAT_SOURCES else 2)
+    shard_utts = config["gmm"]["shard_utts"]
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         run.log_metrics({f"{system}.{k}": v for k, v in metrics.items()}, step=step)
 
+    def shards_through(projection: Projection | None) -> list:
+        return split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=0, projection=projection)
+
+    shards = shards_through(None) if system in ("lda", *SAT_SOURCES) else \
+        split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=2)
     if system == "mono":
         result: TrainResult = train_mono(config, shards, lang_dir, client, on_metrics, log)
     else:
@@ -168,8 +177,15 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
             raise ValueError(f"the {system} system needs the folder of the system whose alignments start it")
         source = GmmModel.load(source_dir)
         source_ali = read_alignments(Path(source_dir) / "ali" / "transition_ids.txt")
-        result = train_tri(config, shards, lang_dir, source, source_ali, client, on_metrics, log, system=system)
+        if system == "lda":
+            result = train_lda(config, shards_through, lang_dir, source, source_ali, client, on_metrics, log)
+        else:
+            result = train_tri(config, shards, lang_dir, source, source_ali, client, on_metrics, log, system=system)
+        if system in SAT_SOURCES:  # its unadapted features are its source's (the fmllr stage adapts them)
+            result.projection = Projection.load(source_dir)
     result.model.save(out)
+    if result.projection is not None:
+        result.projection.save(out)
     write_alignments(out / "ali", result.model, result.alignments, lang_dir / "phones.txt")
     write_report(out / "report.tsv", result.failed)
     if result.alignments:

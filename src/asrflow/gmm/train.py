@@ -1,6 +1,6 @@
 """GMM-HMM training drivers: flat-start monophone (``train_mono.sh``) and triphone with
-decision-tree state tying (``train_deltas.sh``; on adapted features, ``train_sat.sh``).
-E-steps run on Dask; M-steps on the driver.
+decision-tree state tying (``train_deltas.sh``; on LDA+MLLT features, ``train_lda_mllt.sh``; on adapted
+features, ``train_sat.sh``). E-steps run on Dask; M-steps on the driver.
 """
 
 from __future__ import annotations
@@ -14,12 +14,27 @@ from typing import Any
 import numpy as np
 
 from asrflow.cluster import broadcast, run_sharded
-from asrflow.gmm.estep import AlignOptions, Shard, estep, moments, tree_stats
+from asrflow.features import Projection, splice
+from asrflow.gmm.estep import AlignOptions, Shard, estep, features, moments, tree_stats
+from asrflow.gmm.lda import (
+    LdaStats,
+    MlltStats,
+    estimate_lda,
+    estimate_mllt,
+    lda_stats,
+    mllt_objective,
+    mllt_stats,
+    silence_weights,
+    transform_means,
+)
 from asrflow.gmm.model import GmmModel, init_from_tree, init_mono, read_topology, tree_from_bytes
 from asrflow.gmm.tree import TreeStats, build_tree, context_dependency_bytes, phone_questions
 from asrflow.gmm.update import m_step, pdf_occupancies, split_gaussians, sum_results
 
 Metrics = Callable[[int, dict[str, float]], None]
+#: Called before each iteration with (iteration, model, alignments); returns the shards to use from then on
+#: (their features changed) or None.
+BeforeIteration = Callable[[int, GmmModel, dict[str, np.ndarray]], list[Shard] | None]
 
 
 @dataclass
@@ -30,16 +45,20 @@ class TrainResult:
     seconds: float = 0.0
     iterations: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    projection: Projection | None = None  # LDA+MLLT systems: the features' projection
 
 
 def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignments: dict[str, np.ndarray],
                     cfg: dict[str, Any], first_iter: int, realign: set[int], target: int, numgauss: int,
                     max_iter_inc: int, rng: np.random.Generator, retries: int, on_metrics: Metrics,
-                    log: Callable[[str], None], first_beam: float | None = None) -> tuple[GmmModel, dict, dict]:
+                    log: Callable[[str], None], first_beam: float | None = None,
+                    before: BeforeIteration | None = None) -> tuple[GmmModel, dict, dict]:
     incgauss = max(0, (target - numgauss) // max(1, max_iter_inc))
     failed: dict[str, str] = {}
     for it in range(first_iter, cfg["iterations"]):
         start = time.perf_counter()
+        if before is not None and (changed := before(it, model, alignments)) is not None:
+            shards = changed
         mode = "realign" if it in realign else "accumulate"
         beam = first_beam if (first_beam is not None and it == first_iter) else cfg["beam"]
         opts = AlignOptions(beam=beam, retry_beam=cfg["retry_beam"])
@@ -117,10 +136,76 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
               log: Callable[[str], None] = print, system: str = "tri") -> TrainResult:
     """Triphone training with a decision tree built from another system's alignments, on the
     shards' features: ``tri`` on Δ+ΔΔ MFCCs from the monophone's (``train_deltas.sh``), ``sat``
-    on the tri's fMLLR-adapted features from the tri's (``train_sat.sh`` with the transforms
-    fixed). ``config["gmm"][system]`` holds the sizes and iterations."""
+    on the LDA+MLLT system's fMLLR-adapted features from its alignments (``train_sat.sh`` with the
+    transforms fixed). ``config["gmm"][system]`` holds the sizes and iterations."""
     start = time.perf_counter()
     cfg = config["gmm"][system]
+    model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
+    rng = np.random.default_rng(config["seed"] + 1)
+    # No convert-ali: the first pass aligns with the tree-initialised model (graphs of the new tree).
+    model, alignments, failed = _run_iterations(
+        client, shards, model, {}, cfg, 1, {1, *cfg["realign_iterations"]}, cfg["gaussians"], model.am.num_gauss,
+        cfg["max_iter_inc"], rng, config["dask"]["retries"], on_metrics, log)
+    return TrainResult(model, alignments, failed, time.perf_counter() - start, cfg["iterations"], info)
+
+
+def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None], list[Shard]], lang_dir: str | Path,
+              source: GmmModel, source_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
+              log: Callable[[str], None] = print) -> TrainResult:
+    """Triphones on LDA+MLLT features (``train_lda_mllt.sh``), from the tri system's alignments.
+
+    ``make_shards(projection)``: the training split's shards with CMVN-normalised static features
+    (None) or their spliced frames through ``projection``. The LDA classes are the source's pdfs,
+    silence frames left out; MLLT is re-estimated at ``gmm.lda.mllt_iterations``, moving the model's
+    means and composed onto the projection (the result's ``projection``).
+    """
+    start = time.perf_counter()
+    cfg = config["gmm"]["lda"]
+    retries = config["dask"]["retries"]
+    silence = {int(x) for x in (Path(lang_dir) / "silence.int").read_text().split()}
+    blob = broadcast(client, source.to_bytes())
+    plain = make_shards(None)
+    per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in plain]
+    parts = run_sharded(client, _lda_stats_task, list(zip(plain, per_shard)), blob, cfg["splice"], silence,
+                        units=[len(s.utts) for s in plain], desc="lda-stats", retries=retries)
+    stats = sum(parts[1:], parts[0])
+    projection = Projection(cfg["splice"], estimate_lda(stats, cfg["dim"]))
+    log(f"lda: {stats.sums.shape[1]} spliced dims -> {cfg['dim']} from {int(stats.count.sum())} non-silence frames "
+        f"of {int((stats.count > 0).sum())} pdfs")
+    shards = make_shards(projection)
+    model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, "lda")
+    gains: list[float] = []
+
+    def before(it: int, model: GmmModel, alignments: dict[str, np.ndarray]) -> list[Shard] | None:
+        nonlocal projection, shards
+        if it not in cfg["mllt_iterations"] or not alignments:
+            return None
+        blob = broadcast(client, model.to_bytes())
+        per_shard = [{u: alignments[u] for u in s.utts if u in alignments} for s in shards]
+        parts = run_sharded(client, _mllt_stats_task, list(zip(shards, per_shard)), blob, silence,
+                            units=[len(s.utts) for s in shards], desc=f"iter{it}-mllt", retries=retries)
+        mllt = sum(parts[1:], parts[0])
+        a = estimate_mllt(mllt)
+        gains.append(round(mllt_objective(mllt, a) - mllt_objective(mllt, np.eye(len(a))), 4))
+        transform_means(model, a)
+        projection = Projection(projection.context, a @ projection.matrix)
+        shards = make_shards(projection)
+        log(f"iter {it:2d} mllt       objective gain {gains[-1]:.4f}/frame over {mllt.beta:.0f} frames")
+        return shards
+
+    rng = np.random.default_rng(config["seed"] + 1)
+    model, alignments, failed = _run_iterations(
+        client, shards, model, {}, cfg, 1, {1, *cfg["realign_iterations"]}, cfg["gaussians"], model.am.num_gauss,
+        cfg["max_iter_inc"], rng, retries, on_metrics, log, before=before)
+    info.update(lda_dim=cfg["dim"], splice=cfg["splice"], mllt_gain_per_frame=gains)
+    return TrainResult(model, alignments, failed, time.perf_counter() - start, cfg["iterations"], info, projection)
+
+
+def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
+                source: GmmModel, source_alignments: dict[str, np.ndarray], client: Any,
+                log: Callable[[str], None], system: str) -> tuple[GmmModel, dict[str, Any]]:
+    """A decision tree from the source system's alignments over the shards' features, and the model it starts
+    (one Gaussian per leaf); with its description for the manifest."""
     retries = config["dask"]["retries"]
     lang_dir = Path(lang_dir)
     blob = broadcast(client, source.to_bytes())
@@ -139,14 +224,38 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
     model = init_from_tree(source.topo, tree, result.pdf_count, result.pdf_sum, result.pdf_sumsq)
     log(f"{system}: tree with {result.num_pdfs} leaves ({result.splits} splits, likelihood gain "
         f"{result.objf_gain / max(stats.count.sum(), 1):.3f}/frame), {len(questions)} questions")
-    rng = np.random.default_rng(config["seed"] + 1)
-    numgauss = model.am.num_gauss
-    # No convert-ali: the first pass aligns with the tree-initialised model (graphs of the new tree).
-    model, alignments, failed = _run_iterations(
-        client, shards, model, {}, cfg, 1, {1, *cfg["realign_iterations"]}, cfg["gaussians"], numgauss,
-        cfg["max_iter_inc"], rng, retries, on_metrics, log)
-    return TrainResult(model, alignments, failed, time.perf_counter() - start, cfg["iterations"],
-                       {"leaves": result.num_pdfs, "questions": len(questions), "tree_splits": result.splits})
+    return model, {"leaves": result.num_pdfs, "questions": len(questions), "tree_splits": result.splits}
+
+
+def _lda_stats_task(item: tuple[Shard, dict], blob: bytes, context: int, silence: set[int]) -> LdaStats:
+    """``acc-lda`` of a shard: its spliced frames labelled with the source system's aligned pdfs."""
+    shard, alignments = item
+    model = GmmModel.from_bytes(blob)
+    feats, classes, weights = [], [], []
+    for x, utt in zip(features(shard), shard.utts):
+        ali = alignments.get(utt)
+        if ali is not None and len(ali) == len(x):
+            feats.append(splice(x, context))
+            classes.append(model.tid2pdf[ali])
+            weights.append(silence_weights(model, ali, silence))
+    dim = (2 * context + 1) * features(shard)[0].shape[1] if shard.utts else 0
+    if not feats:
+        return LdaStats.zeros(model.am.num_pdfs, dim)
+    return lda_stats(feats, classes, model.am.num_pdfs, weights)
+
+
+def _mllt_stats_task(item: tuple[Shard, dict], blob: bytes, silence: set[int]) -> MlltStats:
+    """``gmm-acc-mllt`` of a shard under the model being trained, from its current alignments."""
+    shard, alignments = item
+    model = GmmModel.from_bytes(blob)
+    feats, pdfs, weights = [], [], []
+    for x, utt in zip(features(shard), shard.utts):
+        ali = alignments.get(utt)
+        if ali is not None and len(ali) == len(x):
+            feats.append(x)
+            pdfs.append(model.tid2pdf[ali])
+            weights.append(silence_weights(model, ali, silence))
+    return mllt_stats(model, feats, pdfs, weights)
 
 
 def _tree_stats_args(item: tuple[Shard, dict], blob: bytes):

@@ -84,9 +84,31 @@ def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
 
 def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_split: str) -> set[str]:
     """The training utterances every network of ``config`` holds out of training (early stopping, decoder tuning):
-    the experiment's own corpus's, never a ``corpus.extra_training`` one (tuning decodes them with its LM)."""
+    the experiment's own corpus's, never a ``corpus.extra_training`` one (tuning decodes them with its LM).
+    ``nnet.hold_out`` ``speakers``: all the utterances of a seeded random choice of speakers, so that tuning
+    meets voices that training did not."""
     utts = sorted(own_texts(Path(data_dir) / train_split))
-    return held_out(utts, config["nnet"]["valid_fraction"], config["seed"])
+    fraction, seed = config["nnet"]["valid_fraction"], config["seed"]
+    if config["nnet"]["hold_out"] == "utterances":
+        return held_out(utts, fraction, seed)
+    utt2spk = read_table(Path(data_dir) / train_split / "utt2spk")
+    return held_out_speakers(utts, utt2spk, fraction, seed)
+
+
+def held_out_speakers(utterances: list[str], utt2spk: dict[str, str], fraction: float, seed: int) -> set[str]:
+    """Every utterance of seeded random speakers, taken until they hold ``fraction`` of the utterances (at least
+    one speaker; never all of them when there are two or more)."""
+    speakers = sorted({utt2spk[u] for u in utterances})
+    order = np.random.default_rng(seed).permutation(len(speakers))
+    by_speaker: dict[str, list[str]] = {}
+    for u in utterances:
+        by_speaker.setdefault(utt2spk[u], []).append(u)
+    chosen: set[str] = set()
+    for i in order[: max(1, len(speakers) - 1)]:
+        chosen.update(by_speaker[speakers[i]])
+        if len(chosen) >= fraction * len(utterances):
+            break
+    return chosen
 
 
 def hybrid_targets(gmm_dir: Path, alignments: Path | None = None) -> Targets:

@@ -20,7 +20,8 @@ from asrflow.data.perturb import SUFFIX as SPEED_PERTURBED
 from asrflow.tracking.query import RunRecord
 
 #: the gmm.<system> settings shown for a GMM system (and its <system>_fmllr decoding)
-GMM_SIZES = {"mono": ("gaussians",), "tri": ("leaves", "gaussians"), "sat": ("leaves", "gaussians")}
+GMM_SIZES = {"mono": ("gaussians",), "tri": ("leaves", "gaussians"), "lda": ("leaves", "gaussians", "dim"),
+             "sat": ("leaves", "gaussians")}
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 #: the tune stage's figures (held-out utterances, the chosen decoder setting), as columns
 TUNED_COLUMNS = {"held_out_wer": "held-out WER %"}
@@ -53,7 +54,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     gmm = system.removesuffix("_fmllr")
     if gmm in GMM_SIZES:
         prefix, keys = f"gmm.{gmm}.", GMM_SIZES[gmm]
-        objective = "ML, speaker-adaptive training" if gmm in SAT_SOURCES else "ML"
+        objective = "ML, speaker-adaptive training" if gmm in SAT_SOURCES else \
+            "ML, LDA+MLLT features" if gmm == "lda" else "ML"
         return {"model": f"gmm-hmm ({gmm})", "objective": objective + (", fMLLR features" if gmm != system else ""),
                 "sizes": ", ".join(f"{k}={params[prefix + k]}" for k in keys if prefix + k in params)}
     prefix = f"nnet.models.{system}."
