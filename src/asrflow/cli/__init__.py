@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from asrflow.corpus.download import DownloadError
     from asrflow.data.audio import AudioError
     from asrflow.data.datadir import DataDirError
+    from asrflow.gmm.lda import LdaError
+    from asrflow.lang.arpa import ArpaError, LmError
     from asrflow.lang.lexicon import LexiconError
     from asrflow.nnet import NnetError
     from asrflow.parallel import ParallelError
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (CorpusError, DownloadError, DataDirError, AudioError, LexiconError, NnetError, ParallelError,
-            FileNotFoundError) as exc:
+    except (CorpusError, DownloadError, DataDirError, AudioError, LexiconError, ArpaError, LmError, LdaError,
+            NnetError, ParallelError, FileNotFoundError) as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return 1

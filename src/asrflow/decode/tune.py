@@ -245,7 +245,8 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     """
     import shutil
 
-    from asrflow.lang.stage import write_grammar
+    from asrflow.lang.graph import compile_grammar
+    from asrflow.lang.stage import write_lm
 
     lang, out = Path(lang_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,8 +254,8 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
         if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json"):
             shutil.copyfile(path, out / path.name)
     texts = [t for u, t in own_texts(Path(data_dir) / train_split).items() if u not in held_out]
-    vocabulary = {w for t in texts for w in t.split()}
-    write_grammar(texts, sorted(vocabulary), config["lang"]["lm_order"], out)
+    vocabulary = write_lm(config, texts, out).words
+    compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
     return out, vocabulary
 
 

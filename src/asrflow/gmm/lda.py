@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asrflow.features import Projection
-from asrflow.gmm.model import GmmModel
+from asrflow.features.transforms import Projection
+
+if TYPE_CHECKING:
+    from asrflow.gmm.model import GmmModel
 
 
 class LdaError(ValueError):

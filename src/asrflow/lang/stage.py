@@ -1,7 +1,9 @@
 """The lang stage: lexicon, phone/word tables, topology, L, LM (ARPA) and G for one training split.
 
-The lexicon covers every training transcript, ``corpus.extra_training`` ones included; the LM
-(and so the decoder's vocabulary) only the experiment's own corpus's.
+The lexicon covers every training transcript, ``corpus.extra_training`` ones included, and every
+word of the LM; the LM (and so the decoder's vocabulary) is estimated from the experiment's own
+corpus's transcripts and ``lang.lm_text``, or read from ``lang.lm_arpa``, and pruned to
+``lang.lm_max_ngrams``.
 
 Output folder (``results/<exp>/lang/<train split>/``), Kaldi's lang-dir layout::
 
@@ -16,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.data.datadir import own_texts, read_table
+from asrflow.lang.arpa import Arpa, LmError, prune_arpa, read_arpa, write_arpa
 from asrflow.lang.graph import compile_grammar, compile_text_fst
 from asrflow.lang.lexicon import OOV_WORD, SIL, SIL_WORD, build_lexicon, oov_rate, phone_inventory, read_lexicon
 from asrflow.lang.lm import KneserNeyLM
 from asrflow.lang.symbols import add_disambig, lexicon_fst_text, phone_table, topology_text, word_table, write_table
+from asrflow.text.normalize import normalize_text
 
 
 def write_grammar(texts: list[str], vocabulary: list[str], order: int, out: Path) -> KneserNeyLM:
@@ -29,6 +33,34 @@ def write_grammar(texts: list[str], vocabulary: list[str], order: int, out: Path
     lm.write_arpa(out / "lm.arpa")
     compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
     return lm
+
+
+def lm_sentences(paths: list[str], language: str) -> list[str]:
+    """The sentences of ``lang.lm_text`` files (one a line), normalised as transcripts are; empty lines dropped."""
+    out = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise LmError(f"lang.lm_text: cannot read {path}: {exc}") from None
+        out += [t for t in (normalize_text(line, language) for line in lines) if t]
+    return out
+
+
+def write_lm(config: dict[str, Any], texts: list[str], out: Path) -> Arpa:
+    """Write ``out/lm.arpa`` and return it: ``lang.lm_arpa`` as given, or a Kneser-Ney model of order
+    ``lang.lm_order`` over ``texts`` and the sentences of ``lang.lm_text``; pruned to ``lang.lm_max_ngrams``."""
+    lang = config["lang"]
+    if lang["lm_arpa"]:
+        model = read_arpa(lang["lm_arpa"])
+    else:
+        sentences = texts + lm_sentences(lang["lm_text"], config["corpus"]["language"])
+        KneserNeyLM([t.split() for t in sentences], lang["lm_order"]).write_arpa(out / "lm.arpa")
+        model = read_arpa(out / "lm.arpa")
+    if lang["lm_max_ngrams"] is not None:
+        model = prune_arpa(model, lang["lm_max_ngrams"])
+    write_arpa(model, out / "lm.arpa")
+    return model
 
 
 def lexicon_file(config: dict[str, Any]) -> dict[str, list[list[str]]] | None:
@@ -58,8 +90,9 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     # experiment's own corpus's: the decoder chooses among its words only
     every_text = list(read_table(data_dir / train / "text").values())
     texts = list(own_texts(data_dir / train).values())
-    vocabulary = sorted({w for t in texts for w in t.split()})
-    lexicon, fallbacks = build_lexicon({w for t in every_text for w in t.split()}, lcfg["lexicon"],
+    lm = write_lm(config, texts, out)
+    vocabulary = sorted(lm.words - {OOV_WORD})
+    lexicon, fallbacks = build_lexicon({w for t in every_text for w in t.split()} | set(vocabulary), lcfg["lexicon"],
                                        lexicon_file(config), lcfg["stress"])
     entries, max_disambig = add_disambig(lexicon)
     sil_disambig = max_disambig + 1
@@ -87,11 +120,12 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     lex_d.write(str(out / "L_disambig.fst"))
     # <unk> enters the LM only through training transcripts that contain it: an untrained
     # spoken-noise model with a floor probability only produces insertions.
-    lm = write_grammar(texts, vocabulary, lcfg["lm_order"], out)
+    compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
     vocab_set = set(vocabulary)
     report: dict[str, Any] = {
         "train": train, "lexicon": lcfg["lexicon"], "words": len(vocabulary), "phones": len(nonsilence),
-        "silence_phones": silence, "lm_order": lcfg["lm_order"],
+        "silence_phones": silence, "lm_order": lm.order, "lm_ngrams": lm.counts(),
+        "lm_source": lcfg["lm_arpa"] or ("transcripts + lm_text" if lcfg["lm_text"] else "transcripts"),
         "grapheme_fallback_words": sum(s == "grapheme" for s in fallbacks.values()),
         "cmudict_fallback_words": sum(s == "cmudict" for s in fallbacks.values()),
         "train_perplexity": round(lm.perplexity([t.split() for t in texts]), 3), "test_sets": {},
@@ -107,5 +141,5 @@ def prepare_lang(config: dict[str, Any], data_dir: str | Path, train: str, tests
     (out / "manifest.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     log(f"lang for {train}: {len(vocabulary)} words, {len(nonsilence)} phones "
         f"(lexicon {lcfg['lexicon']}; {report['cmudict_fallback_words']} words from CMUdict, "
-        f"{report['grapheme_fallback_words']} from graphemes), LM order {lcfg['lm_order']}")
+        f"{report['grapheme_fallback_words']} from graphemes), LM order {lm.order} with n-grams {lm.counts()}")
     return report
