@@ -5,6 +5,7 @@
 from asrflow.config import FMLLR_SYSTEMS, GMM_SYSTEMS
 from asrflow.data.perturb import perturbed_split
 from asrflow.workflow import (
+    align_inputs,
     dask_threads,
     decode_nnet_fingerprint,
     ensemble_inputs,

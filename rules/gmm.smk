@@ -33,18 +33,16 @@ rule gmm:
 
 
 # Speed-perturbed copies of a training split (audio.speed_perturb) aligned by its trained
-# system: the targets of networks with nnet.train.speed_perturb (Kaldi's align_si.sh on train_sp).
+# system: the targets of networks with nnet.train.speed_perturb (Kaldi's align_si.sh on train_sp;
+# for sat, align_fmllr.sh: the copies' features adapted by the lda's transforms, rule fmllr).
 rule align:
     input:
-        data=f"{RESULTS}/data",
-        features=f"{RESULTS}/features/mfcc",
-        lang=f"{RESULTS}/lang/{{train}}",
-        gmm=f"{RESULTS}/gmm/{{train}}/{{system}}",
+        unpack(lambda wildcards: align_inputs(config, wildcards.train, wildcards.system)),
     output:
         directory(f"{RESULTS}/align/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system="mono|tri|lda",
+        system=system_pattern(GMM_SYSTEMS),
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "align", system=wildcards.system),

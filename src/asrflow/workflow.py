@@ -139,6 +139,15 @@ def gmm_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str
     return inputs
 
 
+def align_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
+    """Inputs of aligning ``train``'s speed-perturbed copies with GMM ``system``: its model and the MFCCs, or for a
+    speaker-adaptively trained system the copies' features adapted by its source's transforms (rule fmllr)."""
+    root = results_dir(config)
+    features = f"{root}/fmllr/{train}/{SAT_SOURCES[system]}" if system in SAT_SOURCES else f"{root}/features/mfcc"
+    return {"data": f"{root}/data", "features": features, "lang": f"{root}/lang/{train}",
+            "gmm": f"{root}/gmm/{train}/{system}"}
+
+
 def gmm_system_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """What GMM ``system`` of ``train`` decodes with: its model and graph, and the MFCCs, or for
     ``<gmm>_fmllr`` the fold's speaker-adapted features (rule fmllr)."""
@@ -227,16 +236,19 @@ def features_dir(config: dict[str, Any], train: str, system: str) -> str:
 
 
 def fmllr_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of adapting ``train``'s speakers with GMM ``system``: its model and graph; the
-    alignments of the speed-perturbed copies when a network reading fmllr features trains on them;
-    for a speaker-adaptively trained system, the transforms of its source system to start from."""
+    """Inputs of adapting ``train``'s speakers with GMM ``system``: its model and graph; the alignments of the
+    speed-perturbed copies when a network trained on them reads this system's fmllr features, or (for the
+    source of a speaker-adaptively trained system) needs that system's alignments of the copies; for a
+    speaker-adaptively trained system, the transforms of its source system to start from."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": f"{root}/features/mfcc", "lang": f"{root}/lang/{train}",
               "gmm": f"{root}/gmm/{train}/{system}", "graph": f"{root}/graph/{train}/{system}"}
     if system in SAT_SOURCES:  # its transforms start from those of the system it was trained on
         inputs["init"] = f"{root}/fmllr/{train}/{SAT_SOURCES[system]}"
-    elif any(model_features(config, n) == "fmllr" and model_train(config, n)["speed_perturb"]
-             and model_alignments(config, n) == system for n in trained_networks(config)):
+    perturbed = [n for n in trained_networks(config) if model_train(config, n)["speed_perturb"]]
+    reads = any(model_features(config, n) == "fmllr" and model_alignments(config, n) == system for n in perturbed)
+    feeds = any(SAT_SOURCES.get(model_alignments(config, n)) == system for n in perturbed)
+    if reads or feeds:
         inputs["alignments"] = f"{root}/align/{train}/{system}"
     return inputs
 

@@ -289,10 +289,13 @@ def test_fmllr_networks_read_their_folds_adapted_features(tmp_path) -> None:
     assert fmllr_inputs(perturbed, "train", "tri")["alignments"] == f"{root}/align/train/tri"
 
 
-def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path) -> None:
-    """sat: a GMM trained on fmllr/<train>/tri from the tri alignments, adapted from the tri's transforms,
-    decoded as sat_fmllr; a network with alignments: sat trains on its targets and (fmllr) features."""
+def test_sat_trains_on_the_lda_adapted_features_and_networks_can_use_it(tmp_path) -> None:
+    """The chain mono → tri → lda → sat: sat is a GMM trained on fmllr/<train>/lda from the lda alignments,
+    adapted from the lda's transforms, decoded as sat_fmllr; a network with alignments: sat trains on its
+    targets and (fmllr) features, and with speed_perturb on its alignments of the copies (aligned on their
+    lda-adapted features, which the lda's alignments of the copies supervise)."""
     from asrflow.workflow import (
+        align_inputs,
         fmllr_inputs,
         gmm_decode_inputs,
         gmm_inputs,
@@ -310,10 +313,20 @@ def test_sat_trains_on_the_tri_adapted_features_and_networks_can_use_it(tmp_path
     assert gmm_inputs(config, "train", "mono") == {"data": f"{root}/data", "features": f"{root}/features/mfcc",
                                                   "lang": f"{root}/lang/train"}
     assert gmm_inputs(config, "train", "tri")["source"] == f"{root}/gmm/train/mono"
-    assert gmm_inputs(config, "train", "sat") == {"data": f"{root}/data", "features": f"{root}/fmllr/train/tri",
-                                                 "lang": f"{root}/lang/train", "source": f"{root}/gmm/train/tri"}
-    assert fmllr_inputs(config, "train", "sat")["init"] == f"{root}/fmllr/train/tri"
-    assert "init" not in fmllr_inputs(config, "train", "tri")
+    assert gmm_inputs(config, "train", "lda")["source"] == f"{root}/gmm/train/tri"
+    assert gmm_inputs(config, "train", "sat") == {"data": f"{root}/data", "features": f"{root}/fmllr/train/lda",
+                                                 "lang": f"{root}/lang/train", "source": f"{root}/gmm/train/lda"}
+    assert fmllr_inputs(config, "train", "sat")["init"] == f"{root}/fmllr/train/lda"
+    assert "init" not in fmllr_inputs(config, "train", "tri") and "alignments" not in fmllr_inputs(config, "train",
+                                                                                                     "lda")
+    sp_models = {"tdnn": {"type": "cnn", "alignments": "sat", "train": {"speed_perturb": True}}}
+    sp = make_config(tmp_path, nnet={"models": sp_models}, audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]},
+                     features={"kinds": ["mfcc", "fbank"]}, evaluation={"systems": ["tdnn"]})
+    assert nnet_inputs(sp, "train", "tdnn")["alignments"] == f"{root}/align/train/sat"
+    assert align_inputs(sp, "train", "sat")["features"] == f"{root}/fmllr/train/lda"
+    assert align_inputs(sp, "train", "lda")["features"] == f"{root}/features/mfcc"
+    assert fmllr_inputs(sp, "train", "lda")["alignments"] == f"{root}/align/train/lda"
+    assert "alignments" not in fmllr_inputs(sp, "train", "sat")  # the network reads fbank, not sat's features
     assert gmm_decode_inputs(config, "test", "sat_fmllr") == {
         "data": f"{root}/data", "features": f"{root}/fmllr/train/sat", "lang": f"{root}/lang/train",
         "model": f"{root}/gmm/train/sat", "graph": f"{root}/graph/train/sat", "tune": f"{root}/tune/train/sat_fmllr"}

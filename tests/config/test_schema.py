@@ -88,11 +88,6 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
         ({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["sat"]}},
          "config key 'evaluation.systems': sat is trained on speaker-adapted features and decodes them only: "
          "evaluate sat_fmllr"),
-        ({"experiment": "x", "corpus": {"name": "yesno"}, "audio": {"speed_perturb": [0.9, 1.0, 1.1]},
-          "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat", "train": {"speed_perturb": True}}}},
-          "evaluation": {"systems": ["a"]}},
-         "config key 'nnet.models.a': speed_perturb needs alignments of the speed-perturbed copies, which asrflow "
-         "makes with mono, tri or lda, not sat"),
         ({"experiment": "x", "corpus": {"name": "yesno"},
           "nnet": {"models": {"a": {"type": "dnn", "alignments": "sat"}, "b": {"type": "dnn"},
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},

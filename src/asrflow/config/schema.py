@@ -383,11 +383,6 @@ def _check_speed_perturb(config: Mapping[str, Any], name: str) -> None:
     elif model_train(config, name)["speed_perturb"] and not set(config["audio"]["speed_perturb"]) - {1.0}:
         raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb is on but audio.speed_perturb "
                           f"has no factor other than 1.0 (e.g. [0.9, 1.0, 1.1])")
-    elif (model_train(config, name)["speed_perturb"] and model["objective"] == "hybrid"
-          and (gmm := model_alignments(config, name)) in SAT_SOURCES):
-        raise ConfigError(f"config key 'nnet.models.{name}': speed_perturb needs alignments of the "
-                          f"speed-perturbed copies, which asrflow makes with mono, tri or lda, not {gmm} "
-                          f"(its alignments)")
 
 
 def _check_ensemble(name: str, model: dict[str, Any], models: dict[str, Any]) -> None:

@@ -120,7 +120,9 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
 
     Writes ``ali/`` (as the gmm stage does), ``report.tsv`` (utterances not aligned, and
     why) and ``manifest.json``. Used for the speed-perturbed copies of a training split,
-    which the system was not trained on.
+    which the system was not trained on. ``feats_dir``: the MFCCs, or for a speaker-adaptively
+    trained system the copies' features adapted by its source's transforms (which it was trained
+    on; Kaldi's ``align_fmllr.sh`` then re-estimates them, as the fmllr stage does after).
     """
     start = time.perf_counter()
     out, lang_dir = Path(out_dir), Path(lang_dir)
@@ -128,7 +130,7 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     model = GmmModel.load(model_dir)
     cfg = config["gmm"][system]
     shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
-                          **gmm_features(model_dir))
+                          **gmm_features(model_dir, adapted=system in SAT_SOURCES))
     blob = broadcast(client, model.to_bytes())
     results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align",
                           AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
