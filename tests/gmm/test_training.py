@@ -232,6 +232,29 @@ def test_lda_mllt_system_trains_on_projected_features_from_the_tri_alignments(ye
     np.testing.assert_allclose(features(again[0])[0], lda.projection(features(through(None)[0])[0]), atol=1e-4)
 
 
+def test_tuning_decodes_share_the_gmm_likelihoods_and_find_what_single_decodes_find(yesno, dask_client_1,
+                                                                                    tmp_path) -> None:
+    """Several settings of one shard search a matrix of every pdf's log-likelihoods, computed once; it matches the
+    wheels' per-pdf GMM likelihoods, and each search finds the words the lazy GMM decodable finds."""
+    from asrflow.decode.decoder import DecodeOptions, decode_shard_settings
+
+    config, shards, lang = yesno
+    mono, _ = _train(config, shards, lang, dask_client_1)
+    x = features(shards[0])[0]
+    matrix = mono.model.pdf_loglikes(x)
+    for pdf in (0, 3, mono.model.am.num_pdfs - 1):
+        ll = np.asarray(mono.model.am.get_pdf(pdf).log_likelihoods_matrix(x), dtype=np.float64)
+        np.testing.assert_allclose(matrix[:, pdf], np.logaddexp.reduce(ll, axis=1), rtol=1e-4, atol=1e-3)
+    mono.model.save(tmp_path / "mono")
+    make_graph(lang, tmp_path / "mono", tmp_path / "graph", log=QUIET)
+    graph, blob = str(tmp_path / "graph" / "HCLG.fst"), mono.model.to_bytes()
+    settings = [DecodeOptions(acoustic_scale=0.1), DecodeOptions(acoustic_scale=0.05, insertion_penalty=1.0)]
+    shared = decode_shard_settings(shards[0], blob, graph, settings)
+    for opts, result in zip(settings, shared):
+        (alone,) = decode_shard_settings(shards[0], blob, graph, [opts])
+        assert result.hyps == alone.hyps and result.frames == alone.frames
+
+
 def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:
     """The alignment plot's spectrogram: Kaldi's framing (25 ms every 10 ms, no padding), 129 bins up
     to 4 kHz, a tone's energy in its bin, and dB from 0 at the peak down to at most 80 below."""

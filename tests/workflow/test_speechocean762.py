@@ -1,5 +1,6 @@
 """The speechocean762 slice (12 speakers, continuous read speech at 16 kHz) through the whole DAG: import with
-root-relative wav.scp paths, the corpus's own lexicon, the GMMs, one small network, scoring by speaker group."""
+root-relative wav.scp paths, the corpus's own lexicon, the GMM chain (mono, tri, LDA+MLLT, SAT), one small
+network on the SAT alignments, tuned on held-out speakers, scoring by speaker group."""
 
 from __future__ import annotations
 
@@ -23,19 +24,23 @@ gmm:
   shard_utts: 20
   mono: {{gaussians: 300, iterations: 20}}
   tri: {{leaves: 200, gaussians: 1000, iterations: 15, realign_iterations: [5, 10]}}
+  lda: {{leaves: 200, gaussians: 1000, iterations: 15, realign_iterations: [5, 10], mllt_iterations: [2, 4]}}
+  sat: {{leaves: 200, gaussians: 1000, iterations: 15, realign_iterations: [5, 10]}}
 # narrow beams and small tuning grids: six training speakers make weak models, whose searches are wide
 decode: {{beam: 9.0, max_active: 1000, lattice_beam: 4.0, shard_utts: 20,
-         tune: {{acoustic_scale: [0.07, 0.1], insertion_penalty: [0.0, 1.0]}}}}
+         tune: {{acoustic_scale: [0.07, 0.1], insertion_penalty: [0.0, 1.0], search: coordinate}}}}
 nnet:
   threads: 1
-  valid_fraction: 0.05
+  valid_fraction: 0.1
+  hold_out: speakers
+  alignments: sat
   train: {{epochs: 4, max_frames: 4000, patience: 4}}
   models:
     dnn: {{type: dnn, hidden: 96, layers: 2, context: 5}}
   decode: {{graph_beam: 8.0, max_active: 1000, shard_utts: 20,
            tune: {{acoustic_scale: [0.1, 0.2], insertion_penalty: [0.0, 1.0]}}}}
 evaluation:
-  systems: [mono, tri, dnn]
+  systems: [mono, tri, lda, sat_fmllr, dnn]
   test_sets: [test]
   groups: {{gender: {{}}, age: {{edges: [16], labels: [child, adult]}}}}
 """
@@ -62,7 +67,7 @@ def test_the_slice_is_imported_with_its_speakers(mini_run: Path) -> None:
 
 def test_every_system_is_scored_by_speaker_group(mini_run: Path) -> None:
     res = mini_run / "results" / "speechocean762_mini"
-    for system in ("mono", "tri", "dnn"):
+    for system in ("mono", "tri", "lda", "sat_fmllr", "dnn"):
         score = json.loads((res / "score" / system / "test.json").read_text())
         assert score["n_utts"] == 120 and 0 < score["wer"] < 1.2, (system, score["wer"])
         groups = score["groups"]
@@ -70,4 +75,17 @@ def test_every_system_is_scored_by_speaker_group(mini_run: Path) -> None:
         assert sum(g["n_utts"] for g in groups["age"].values()) == 120
         assert "wer_in_vocabulary" in score
     table = (res / "compare" / "table.md").read_text()
-    assert "| dnn | dnn | hybrid |" in table
+    assert "| dnn | dnn | hybrid, SAT alignments |" in table
+
+
+def test_the_gmm_chain_feeds_each_system_from_the_last(mini_run: Path) -> None:
+    res = mini_run / "results" / "speechocean762_mini"
+    lda = json.loads((res / "gmm" / "train" / "lda" / "manifest.json").read_text())
+    assert lda["lda_dim"] == 40 and len(lda["mllt_gain_per_frame"]) == 2 and lda["aligned"] > 100
+    assert (res / "gmm" / "train" / "lda" / "final.mat").is_file()
+    sat = json.loads((res / "fmllr" / "train" / "sat" / "manifest.json").read_text())
+    assert sat["started_from"].endswith("fmllr/train/lda") and sat["dim"] == 40
+    tune = json.loads((res / "tune" / "train" / "dnn" / "tune.json").read_text())
+    assert tune["search"] == "grid" and tune["utterances"] >= 12  # whole held-out speakers (20 a speaker)
+    gmm_tune = json.loads((res / "tune" / "train" / "lda" / "tune.json").read_text())
+    assert gmm_tune["search"] == "coordinate" and len(gmm_tune["grid"]) <= 4

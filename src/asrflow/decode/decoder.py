@@ -146,12 +146,24 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
 def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
                           settings: list[DecodeOptions]) -> list[DecodeResult]:
     """1-best words of each utterance of a shard with a GMM-HMM, once per decoder setting (runs on a Dask
-    worker; :func:`per_setting`)."""
+    worker; :func:`per_setting`).
+
+    One setting (a test decode): the GMM decodable, which evaluates only the pdfs the search
+    visits. Several (tuning): every pdf's log-likelihoods once per utterance, shared by all the
+    searches, each result's time including that computation.
+    """
     model = GmmModel.from_bytes(model_blob)
+    start = time.perf_counter()
     feats = features(shard)
-    return per_setting(settings, lambda opts: decode_all(graph_path, model.tm, opts, [
-        (utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
-        for utt, x in zip(shard.utts, feats)]))
+    if len(settings) == 1:
+        return per_setting(settings, lambda opts: decode_all(graph_path, model.tm, opts, [
+            (utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
+            for utt, x in zip(shard.utts, feats)]))
+    loglikes = [model.pdf_loglikes(x) for x in feats]
+    columns = model.tid2pdf[1:]
+    return decode_settings(list(shard.utts), [x.shape[0] for x in feats], loglikes, time.perf_counter() - start,
+                           graph_path, model.tm, settings,
+                           lambda p, opts: np.ascontiguousarray(opts.acoustic_scale * p[:, columns]))
 
 
 def words_of(ids: list[int], id2word: list[str]) -> str:

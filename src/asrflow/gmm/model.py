@@ -63,6 +63,26 @@ class GmmModel:
         hmm_state[1:] = triples[states[1:] - 1, 1]
         return phone, hmm_state
 
+    @functools.cached_property
+    def _stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every Gaussian's ``μ/σ²``, ``−½/σ²`` and log constant (weight included), in pdf order, and the pdf
+        offsets (:meth:`gaussian_offsets`)."""
+        pdfs = [self.am.get_pdf(p) for p in range(self.am.num_pdfs)]
+        means_invvars = np.concatenate([np.asarray(g.means_invvars, dtype=np.float32) for g in pdfs])
+        half_invvars = -0.5 * np.concatenate([np.asarray(g.inv_vars, dtype=np.float32) for g in pdfs])
+        gconsts = np.concatenate([np.asarray(g.gconsts, dtype=np.float32) for g in pdfs])
+        return means_invvars, half_invvars, gconsts, self.gaussian_offsets()
+
+    def pdf_loglikes(self, feats: np.ndarray) -> np.ndarray:
+        """Log-likelihood of every frame under every pdf, (frames, pdfs): what the decoder's GMM decodable
+        computes for the pdfs it visits, here for all of them at once (several searches of one utterance)."""
+        means_invvars, half_invvars, gconsts, offsets = self._stacked
+        x = np.asarray(feats, dtype=np.float32)
+        per_gauss = x @ means_invvars.T + (x * x) @ half_invvars.T + gconsts
+        top = np.maximum.reduceat(per_gauss, offsets[:-1], axis=1)
+        sums = np.add.reduceat(np.exp(per_gauss - np.repeat(top, np.diff(offsets), axis=1)), offsets[:-1], axis=1)
+        return (np.log(sums) + top).astype(np.float32)
+
     def gaussian_offsets(self) -> np.ndarray:
         """Start of each pdf's Gaussians in a flat per-Gaussian array (length num_pdfs + 1)."""
         counts = [self.am.num_gauss_in_pdf(p) for p in range(self.am.num_pdfs)]
