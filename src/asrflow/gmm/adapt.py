@@ -27,7 +27,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +185,8 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
     gmm_dir, graph_dir, align_dir, init_dir = paths.gmm, paths.graph, paths.alignments, paths.init
     out.mkdir(parents=True, exist_ok=True)
     cfg = config["fmllr"]
-    opts = AdaptOptions(gmm_decode_options(config["decode"]),
+    first_pass = replace(gmm_decode_options(config["decode"]), beam=cfg["beam"], max_active=cfg["max_active"])
+    opts = AdaptOptions(first_pass,
                         AlignOptions(beam=config["gmm"][system]["beam"],
                                      retry_beam=config["gmm"][system]["retry_beam"]),
                         cfg["silence_weight"])
