@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_gmm)
 
     p = with_config(sub.add_parser("align", help="force-align a split with a trained GMM system on Dask"))
-    p.add_argument("--system", required=True, choices=["mono", "tri", "lda"])
+    p.add_argument("--system", required=True, choices=list(GMM_SYSTEMS))
     p.add_argument("--gmm", required=True, help="the GMM system's folder")
     p.add_argument("--split", required=True, help="the split to align (e.g. train_sp: speed-perturbed copies)")
     for name in ("data", "features", "lang", "out"):
