@@ -177,8 +177,10 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
     write_alignments(tmp_path / "mono" / "ali", mono.model, mono.alignments, lang / "phones.txt")
     make_graph(lang, tmp_path / "mono", tmp_path / "graph_mono", log=QUIET)
     mfcc = Paths(out=tmp_path / "fmllr_mono", data=root / "data", features=root / "mfcc", lang=lang)
-    adapt_splits(config, "mono", "train", mfcc.replace(gmm=tmp_path / "mono", graph=tmp_path / "graph_mono"),
-                 dask_client_1, log=QUIET)
+    align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
+                tmp_path / "align_mono", dask_client_1, log=QUIET)
+    adapt_splits(config, "mono", "train", mfcc.replace(gmm=tmp_path / "mono", graph=tmp_path / "graph_mono",
+                                                       alignments=tmp_path / "align_mono"), dask_client_1, log=QUIET)
     adapted_shards = split_shards(root / "data", tmp_path / "fmllr_mono", lang, "train", 4, deltas=0)
     assert features(adapted_shards[0])[0].shape[1] == 39  # adapted MFCC+Δ+ΔΔ, used as they are
     sat = train_tri(config, adapted_shards, lang, mono.model, mono.alignments, dask_client_1, lambda *_: None, QUIET,
@@ -186,6 +188,10 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
     assert len(sat.alignments) == 31 and sat.model.am.num_pdfs > mono.model.am.num_pdfs
     sat.model.save(tmp_path / "sat")
     write_alignments(tmp_path / "sat" / "ali", sat.model, sat.alignments, lang / "phones.txt")
+    # the speed-perturbed copies aligned by sat on their source-adapted features (align_fmllr.sh)
+    copies = align_split(config, "sat", tmp_path / "sat", "train_sp", root / "data", tmp_path / "fmllr_mono", lang,
+                         tmp_path / "align_sat", dask_client_1, log=QUIET)
+    assert copies["utterances"] == 93 and copies["aligned"] >= 90
     make_graph(lang, tmp_path / "sat", tmp_path / "graph_sat", log=QUIET)
     out = tmp_path / "fmllr_sat"
     manifest = adapt_splits(config, "sat", "train", mfcc.replace(out=out, gmm=tmp_path / "sat",
