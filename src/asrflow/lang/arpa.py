@@ -36,10 +36,14 @@ class Arpa:
 
     prob: dict[tuple[str, ...], float] = field(default_factory=dict)
     backoff: dict[tuple[str, ...], float] = field(default_factory=dict)
+    order: int = 0  # the longest n-gram's length (:meth:`refresh` after changing ``prob``)
 
-    @property
-    def order(self) -> int:
-        return max((len(g) for g in self.prob), default=0)
+    def __post_init__(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute :attr:`order` from the listed n-grams."""
+        self.order = max((len(g) for g in self.prob), default=0)
 
     @property
     def words(self) -> set[str]:
@@ -107,17 +111,19 @@ def read_arpa(path: str | Path) -> Arpa:
                 raise ArpaError(f"{path}:{number}: not a number in {raw.rstrip()!r}") from None
     if not model.prob:
         raise ArpaError(f"{path}: no n-grams")
+    model.refresh()
     return model
 
 
 def write_arpa(model: Arpa, path: str | Path) -> None:
     """Write ``model`` in ARPA form (n-grams of each order sorted; the highest order without backoff weights)."""
     lines = ["\\data\\"] + [f"ngram {k + 1}={n}" for k, n in enumerate(model.counts())] + [""]
-    for k in range(1, model.order + 1):
+    order = model.order
+    for k in range(1, order + 1):
         lines.append(f"\\{k}-grams:")
         for gram in sorted(g for g in model.prob if len(g) == k):
             fields = [f"{model.prob[gram]:.6f}", " ".join(gram)]
-            if gram in model.backoff and k < model.order:
+            if gram in model.backoff and k < order:
                 fields.append(f"{model.backoff[gram]:.6f}")
             lines.append("\t".join(fields))
         lines.append("")
@@ -157,6 +163,7 @@ def prune_arpa(model: Arpa, max_ngrams: int) -> Arpa:
         for _, gram in candidates[:excess]:
             del out.prob[gram]
             out.backoff.pop(gram, None)
+        out.refresh()
         cache.clear()
     _renormalise(out)
     return out
