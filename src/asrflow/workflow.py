@@ -43,14 +43,16 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     # one system's section: adding or changing another system's does not retrain this one
     "gmm": ("seed", "gmm.shard_utts", "gmm.{system}"),
     "align": ("gmm.shard_utts", "gmm.{system}"),
-    "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode", "fmllr"),
+    # the first passes decode at fmllr.beam and fmllr.max_active with the decode section's scale and penalty
+    "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode.acoustic_scale", "decode.insertion_penalty",
+              "decode.lattice_beam", "fmllr"),
     "decode": ("decode",),
-    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.cmvn", "nnet.valid_fraction", "nnet.parallel",
-             "nnet.train", "nnet.models.{system}"),
+    "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.cmvn", "nnet.valid_fraction", "nnet.hold_out",
+             "nnet.parallel", "nnet.train", "nnet.models.{system}"),
     "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
-    "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.decode", "nnet.models.{system}.objective"),
-    "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.decode.shard_utts"),
+    "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.hold_out", "nnet.decode", "nnet.models.{system}.objective"),
+    "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.hold_out", "nnet.decode.shard_utts"),
     "score": ("evaluation.groups",),
 }
 
@@ -369,14 +371,18 @@ OWN_STAGE_KEYS = {"decode": ("tune",)}
 NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False,
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
+                                             "decode.tune": {"search": "grid", "max_utterances": None},
                                              "corpus": {"extra_training": []},
-                                             "lang": {"lexicon_file": None, "stress": "strip"},
-                                             "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker"}}
+                                             "lang": {"lexicon_file": None, "stress": "strip", "lm_text": [],
+                                                      "lm_arpa": None, "lm_max_ngrams": None},
+                                             "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker",
+                                                  "nnet.hold_out": "utterances", "decode.insertion_penalty": 0.0}}
 
 
 # Keys added to a nested section after networks were trained with it on: left out of its
 # fingerprint while at their defaults, so that adding them reruns nothing.
-NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3}}
+NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3},
+                                              "tune": {"search": "grid", "max_utterances": None}}
 
 
 def _without_new_defaults(key: str, value: Any) -> Any:
@@ -388,8 +394,10 @@ def _without_new_defaults(key: str, value: Any) -> Any:
 
 
 def _neutral(section: str, key: str, value: Any) -> bool:
+    """Whether ``key`` of ``section`` holds its neutral value; a top-level key absent from an older config
+    (None) counts as neutral too."""
     neutral = NEUTRAL_VALUES.get(section, {})
-    return key in neutral and value == neutral[key]
+    return key in neutral and (value == neutral[key] or (section == "" and value is None))
 
 
 def _without_runtime(key: str, value: Any) -> Any:
