@@ -261,6 +261,25 @@ def test_tuning_decodes_share_the_gmm_likelihoods_and_find_what_single_decodes_f
         assert result.hyps == alone.hyps and result.frames == alone.frames
 
 
+def test_benchmarks_time_the_e_step_and_score_decodes_per_setting(yesno, dask_client_1, tmp_path) -> None:
+    """asrflow bench gmm (E-step vs workers) and bench decode (RTF and WER per beam and scale on every n-th
+    test utterance) run on a trained system."""
+    from asrflow.gmm.bench import decode_benchmark, run_benchmark
+
+    config, shards, lang = yesno
+    root = lang.parent
+    mono, _ = _train(config, shards, lang, dask_client_1)
+    mono.model.save(tmp_path / "mono")
+    make_graph(lang, tmp_path / "mono", tmp_path / "graph", log=QUIET)
+    report = run_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [1], repeats=1,
+                           log=QUIET)
+    assert report["utterances"] == 31 and report["runs"][1]["align_rtf"] > 0
+    rows = decode_benchmark(config, tmp_path / "mono", tmp_path / "graph", root / "data", root / "mfcc", lang, "test",
+                            3, [(13.0, 7000), (8.0, 500)], [0.1], log=QUIET)
+    assert [(r["beam"], r["utterances"]) for r in rows] == [(13.0, 10), (8.0, 10)]
+    assert all(0 < r["rtf"] < 1 and 0 <= r["wer"] < 0.5 for r in rows)
+
+
 def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:
     """The alignment plot's spectrogram: Kaldi's framing (25 ms every 10 ms, no padding), 129 bins up
     to 4 kHz, a tone's energy in its bin, and dB from 0 at the peak down to at most 80 below."""

@@ -1,4 +1,4 @@
-"""``asrflow bench features|gmm|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
+"""``asrflow bench features|gmm|decode|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ def cmd_bench_gmm(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)
+    return 0
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    """Benchmark a GMM's decoding (RTF and WER per beam and acoustic scale); print one JSON line per setting."""
+    from asrflow.gmm.bench import decode_benchmark
+
+    config = _load(args)
+    searches = [(float(b), int(m)) for b, m in (pair.split(":") for pair in args.searches.split(","))]
+    rows = decode_benchmark(config, args.model, args.graph, args.data, args.features, args.lang, args.test, args.every,
+                            searches, [float(s) for s in args.scales.split(",")], args.adapted, log=_log)
+    lines = [json.dumps(r) for r in rows]
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    print("\n".join(lines))
     return 0
 
 
@@ -72,6 +88,16 @@ def register(sub: Any) -> Any:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_bench_gmm)
+    p = with_config(bench.add_parser("decode", help="a GMM's decoding RTF (one core) and WER per beam and scale"))
+    for name in ("data", "features", "lang", "model", "graph"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--test", default="test")
+    p.add_argument("--every", type=int, default=10, help="decode every n-th utterance (sorted ids)")
+    p.add_argument("--searches", default="13:7000", help="comma-separated beam:max-active pairs")
+    p.add_argument("--scales", default="0.1", help="comma-separated acoustic scales")
+    p.add_argument("--adapted", action="store_true", help="--features holds fMLLR-adapted features (<gmm>_fmllr)")
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.set_defaults(func=cmd_bench_decode)
 
     p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"))
     p.add_argument("--systems", nargs="+", required=True, help="names in nnet.models")

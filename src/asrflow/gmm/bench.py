@@ -1,8 +1,11 @@
-"""E-step benchmark: one realign + accumulate pass of a trained model with 1..N Dask workers.
+"""GMM benchmarks.
 
-Caches are warmed by a first pass (features loaded, training graphs compiled on every
-worker), so the timed passes measure what a training iteration costs. The alignment
-real-time factor is the summed in-task alignment time over the audio duration.
+- E-step: one realign + accumulate pass of a trained model with 1..N Dask workers. Caches are
+  warmed by a first pass (features loaded, training graphs compiled on every worker), so the
+  timed passes measure what a training iteration costs. The alignment real-time factor is the
+  summed in-task alignment time over the audio duration.
+- Decoding: every n-th utterance of a test split decoded in this process (one core) at each
+  beam / max-active and acoustic scale asked for: its RTF and WER, one JSON line per setting.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.cluster import broadcast, dask_client, run_sharded
-from asrflow.gmm.estep import AlignOptions
+from asrflow.gmm.estep import AlignOptions, features
+from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
-from asrflow.gmm.train import _estep_args
+from asrflow.gmm.train import estep_task
 from asrflow.gmm.update import sum_results
 
 
@@ -23,7 +27,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
                   model_dir: str | Path, train: str, workers: list[int], repeats: int = 3, log=print) -> dict:
     """Time realign and accumulate E-steps; returns a report with speedups vs the first worker count."""
     model = GmmModel.load(model_dir)
-    shards = split_shards(data_dir, feats_dir, lang_dir, train, config["gmm"]["shard_utts"])
+    shards = split_shards(data_dir, feats_dir, lang_dir, train, config["gmm"]["shard_utts"], **gmm_features(model_dir))
     report: dict[str, Any] = {"utterances": sum(len(s.utts) for s in shards), "shards": len(shards),
                               "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs, "runs": {}}
     opts = AlignOptions(beam=config["gmm"]["mono"]["beam"], retry_beam=config["gmm"]["mono"]["retry_beam"])
@@ -33,7 +37,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
                          log=quiet) as client:  # worker processes at every count, so 1 and 2 compare
             blob = broadcast(client, model.to_bytes())
             items = [(s, None) for s in shards]
-            warm = run_sharded(client, _estep_args, items, blob, "realign", opts, desc="warm-up")
+            warm = run_sharded(client, estep_task, items, blob, "realign", opts, desc="warm-up")
             alignments = {u: a for r in warm for u, a in r.alignments.items()}
             frames = sum_results(warm).frames
             timings: dict[str, float] = {}
@@ -43,7 +47,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
                 best, in_task = float("inf"), 0.0
                 for _ in range(repeats):
                     start = time.perf_counter()
-                    results = run_sharded(client, _estep_args, args, blob, mode, opts, desc=mode)
+                    results = run_sharded(client, estep_task, args, blob, mode, opts, desc=mode)
                     elapsed = time.perf_counter() - start
                     if elapsed < best:
                         best, in_task = elapsed, sum(r.seconds for r in results)
@@ -62,3 +66,41 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
         row["iteration_speedup"] = round((first["realign_seconds"] + first["accumulate_seconds"])
                                          / (row["realign_seconds"] + row["accumulate_seconds"]), 2)
     return report
+
+
+def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, data_dir: str | Path,
+                     feats_dir: str | Path, lang_dir: str | Path, test: str, every: int,
+                     searches: list[tuple[float, int]], scales: list[float], adapted: bool = False,
+                     log=print) -> list[dict[str, Any]]:
+    """Decode every ``every``-th utterance of ``test`` (sorted ids) with the GMM in ``model_dir`` through its HCLG
+    at each (beam, max-active) of ``searches`` and acoustic scale of ``scales``, in this process; one row per
+    setting with the one-core RTF (search and GMM likelihoods) and the WER."""
+    from dataclasses import replace
+
+    from asrflow.data.datadir import read_table
+    from asrflow.decode.decoder import decode_all, gmm_decodable, gmm_decode_options
+    from asrflow.score.wer import score_corpus
+
+    texts = read_table(Path(data_dir) / test / "text")
+    chosen = set(sorted(texts)[::every])
+    shards = split_shards(data_dir, feats_dir, lang_dir, test, len(chosen), only=chosen,
+                          **gmm_features(model_dir, adapted))
+    model = GmmModel.load(model_dir)
+    feats = [x for s in shards for x in features(s)]
+    utts = [u for s in shards for u in s.utts]
+    graph = str(Path(graph_dir).resolve() / "HCLG.fst")
+    base = gmm_decode_options(config["decode"])
+    rows = []
+    for beam, max_active in searches:
+        for scale in scales:
+            opts = replace(base, beam=beam, max_active=max_active, acoustic_scale=scale)
+            result = decode_all(graph, model.tm, opts, [(u, len(x), lambda x=x, s=scale: gmm_decodable(model, x, s))
+                                                        for u, x in zip(utts, feats)])
+            summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
+            row = {"model": str(model_dir), "test": test, "every": every, "utterances": len(utts), "beam": beam,
+                   "max_active": max_active, "acoustic_scale": scale,
+                   "rtf": round(result.seconds / (result.frames * 0.01), 4), "wer": round(summary["wer"], 4),
+                   "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"]}
+            rows.append(row)
+            log(f"beam {beam} max-active {max_active} scale {scale}: RTF {row['rtf']}, WER {100 * row['wer']:.2f} %")
+    return rows
