@@ -13,6 +13,7 @@ from asrflow.gmm.tree import (
     TreeStats,
     accumulate_tree_stats,
     build_tree,
+    cluster_bottom_up,
     context_dependency_bytes,
     leaves,
     lookup,
@@ -96,3 +97,38 @@ def test_phone_questions_separate_dissimilar_phones() -> None:
     stats = _synthetic_stats(np.random.default_rng(3))
     qs = phone_questions(stats, [1, 2, 7], extra=[[7]])
     assert (1, 2) in qs and (1,) in qs and (2,) in qs and (7,) in qs
+
+
+def _brute_force_clusters(members, stats_of, thresh):
+    """The O(m³) reference: recompute every pair's merge loss before each merge."""
+    members = [list(g) for g in members]
+    while len(members) > 1:
+        pooled = [tuple(sum(x) for x in zip(*(stats_of[i] for i in g))) for g in members]
+        own = [float(objf(*p)) for p in pooled]
+        best, pair = np.inf, None
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                merged = tuple(x + y for x, y in zip(pooled[a], pooled[b]))
+                cost = own[a] + own[b] - float(objf(*merged))
+                if cost < best:
+                    best, pair = cost, (a, b)
+        if pair is None or best >= thresh:
+            break
+        a, b = pair
+        members[a] = members[a] + members[b]
+        del members[b]
+    return members
+
+
+def test_bottom_up_clustering_matches_the_brute_force_reference() -> None:
+    rng = np.random.default_rng(4)
+    for trial in range(5):
+        m = 12
+        stats_of = {}
+        for i in range(m):
+            centre = rng.normal(0, 1 + trial, 3) if i % 3 else np.zeros(3)
+            x = centre + rng.normal(0, 1, (int(rng.integers(20, 80)), 3))
+            stats_of[i] = (float(len(x)), x.sum(0), (x * x).sum(0))
+        members = [[i] for i in range(m)]
+        for thresh in (5.0, 50.0, 1e9):
+            assert cluster_bottom_up(members, stats_of, thresh) == _brute_force_clusters(members, stats_of, thresh)
