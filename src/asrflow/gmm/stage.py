@@ -170,8 +170,9 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     def shards_through(projection: Projection | None) -> list:
         return split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=0, projection=projection)
 
-    shards = shards_through(None) if system in ("lda", *SAT_SOURCES) else \
-        split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=2)
+    # lda splices the static MFCCs itself; sat reads adapted features as they are
+    shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts,
+                          deltas=0 if system in ("lda", *SAT_SOURCES) else 2)
     if system == "mono":
         result: TrainResult = train_mono(config, shards, lang_dir, client, on_metrics, log)
     else:

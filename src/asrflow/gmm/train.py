@@ -227,27 +227,9 @@ def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard]
     return model, {"leaves": result.num_pdfs, "questions": len(questions), "tree_splits": result.splits}
 
 
-def _lda_stats_task(item: tuple[Shard, dict], blob: bytes, context: int, silence: set[int]) -> LdaStats:
-    """``acc-lda`` of a shard: its spliced frames labelled with the source system's aligned pdfs."""
-    shard, alignments = item
-    model = GmmModel.from_bytes(blob)
-    feats, classes, weights = [], [], []
-    for x, utt in zip(features(shard), shard.utts):
-        ali = alignments.get(utt)
-        if ali is not None and len(ali) == len(x):
-            feats.append(splice(x, context))
-            classes.append(model.tid2pdf[ali])
-            weights.append(silence_weights(model, ali, silence))
-    dim = (2 * context + 1) * features(shard)[0].shape[1] if shard.utts else 0
-    if not feats:
-        return LdaStats.zeros(model.am.num_pdfs, dim)
-    return lda_stats(feats, classes, model.am.num_pdfs, weights)
-
-
-def _mllt_stats_task(item: tuple[Shard, dict], blob: bytes, silence: set[int]) -> MlltStats:
-    """``gmm-acc-mllt`` of a shard under the model being trained, from its current alignments."""
-    shard, alignments = item
-    model = GmmModel.from_bytes(blob)
+def _aligned_frames(shard: Shard, model: GmmModel, alignments: dict[str, np.ndarray],
+                    silence: set[int]) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """The shard's aligned utterances: their features, each frame's pdf and its weight (0 on silence)."""
     feats, pdfs, weights = [], [], []
     for x, utt in zip(features(shard), shard.utts):
         ali = alignments.get(utt)
@@ -255,7 +237,25 @@ def _mllt_stats_task(item: tuple[Shard, dict], blob: bytes, silence: set[int]) -
             feats.append(x)
             pdfs.append(model.tid2pdf[ali])
             weights.append(silence_weights(model, ali, silence))
-    return mllt_stats(model, feats, pdfs, weights)
+    return feats, pdfs, weights
+
+
+def _lda_stats_task(item: tuple[Shard, dict], blob: bytes, context: int, silence: set[int]) -> LdaStats:
+    """``acc-lda`` of a shard: its spliced frames labelled with the source system's aligned pdfs."""
+    shard, alignments = item
+    model = GmmModel.from_bytes(blob)
+    feats, pdfs, weights = _aligned_frames(shard, model, alignments, silence)
+    if not feats:
+        dim = (2 * context + 1) * features(shard)[0].shape[1] if shard.utts else 0
+        return LdaStats.zeros(model.am.num_pdfs, dim)
+    return lda_stats([splice(x, context) for x in feats], pdfs, model.am.num_pdfs, weights)
+
+
+def _mllt_stats_task(item: tuple[Shard, dict], blob: bytes, silence: set[int]) -> MlltStats:
+    """``gmm-acc-mllt`` of a shard under the model being trained, from its current alignments."""
+    shard, alignments = item
+    model = GmmModel.from_bytes(blob)
+    return mllt_stats(model, *_aligned_frames(shard, model, alignments, silence))
 
 
 def _tree_stats_args(item: tuple[Shard, dict], blob: bytes):
