@@ -44,8 +44,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "gmm": ("seed", "gmm.shard_utts", "gmm.{system}"),
     "align": ("gmm.shard_utts", "gmm.{system}"),
     # the first passes decode at fmllr.beam and fmllr.max_active with the decode section's scale and penalty
-    "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode.acoustic_scale", "decode.insertion_penalty",
-              "decode.lattice_beam", "fmllr"),
+    "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode.acoustic_scale", "decode.insertion_penalty", "fmllr"),
     "decode": ("decode",),
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.cmvn", "nnet.valid_fraction", "nnet.hold_out",
              "nnet.parallel", "nnet.train", "nnet.models.{system}"),

@@ -238,27 +238,41 @@ def test_lda_mllt_system_trains_on_projected_features_from_the_tri_alignments(ye
     np.testing.assert_allclose(features(again[0])[0], lda.projection(features(through(None)[0])[0]), atol=1e-4)
 
 
-def test_tuning_decodes_share_the_gmm_likelihoods_and_find_what_single_decodes_find(yesno, dask_client_1,
-                                                                                    tmp_path) -> None:
-    """Several settings of one shard search a matrix of every pdf's log-likelihoods, computed once; it matches the
-    wheels' per-pdf GMM likelihoods, and each search finds the words the lazy GMM decodable finds."""
-    from asrflow.decode.decoder import DecodeOptions, decode_shard_settings
+def test_gmm_decodes_search_every_pdfs_likelihoods_and_find_what_kaldis_lattice_decoder_finds(yesno, dask_client_1,
+                                                                                           tmp_path) -> None:
+    """A GMM decode searches a matrix of every pdf's log-likelihoods, computed once per utterance in blocks of
+    frames; it matches the wheels' per-pdf GMM likelihoods, and the faster decoder on it finds the words Kaldi's
+    lattice decoder finds on the wheels' own GMM decodable (gmm-latgen-faster), for one setting and for
+    several sharing the matrix."""
+    from asrflow.decode.decoder import DecodeOptions, decode_shard_settings, words_of
+    from asrflow.kaldi import kfst, khg
 
     config, shards, lang = yesno
     mono, _ = _train(config, shards, lang, dask_client_1)
     x = features(shards[0])[0]
     matrix = mono.model.pdf_loglikes(x)
+    np.testing.assert_allclose(mono.model.pdf_loglikes(x, block=7), matrix, rtol=1e-6)
     for pdf in (0, 3, mono.model.am.num_pdfs - 1):
         ll = np.asarray(mono.model.am.get_pdf(pdf).log_likelihoods_matrix(x), dtype=np.float64)
         np.testing.assert_allclose(matrix[:, pdf], np.logaddexp.reduce(ll, axis=1), rtol=1e-4, atol=1e-3)
     mono.model.save(tmp_path / "mono")
     make_graph(lang, tmp_path / "mono", tmp_path / "graph", log=QUIET)
     graph, blob = str(tmp_path / "graph" / "HCLG.fst"), mono.model.to_bytes()
+    table = (tmp_path / "graph" / "words.txt").read_text().splitlines()
+    id2word = {int(i): w for w, i in (line.split() for line in table)}
+    id2word = [id2word.get(i, "") for i in range(max(id2word) + 1)]
     settings = [DecodeOptions(acoustic_scale=0.1), DecodeOptions(acoustic_scale=0.05, insertion_penalty=1.0)]
     shared = decode_shard_settings(shards[0], blob, graph, settings)
-    for opts, result in zip(settings, shared):
-        (alone,) = decode_shard_settings(shards[0], blob, graph, [opts])
-        assert result.hyps == alone.hyps and result.frames == alone.frames
+    (alone,) = decode_shard_settings(shards[0], blob, graph, settings[:1])
+    assert alone.hyps == shared[0].hyps
+    hclg = kfst.StdVectorFst.read(graph)  # the decoder holds a pointer to it: keep it alive
+    reference = khg.LatticeFasterDecoder(hclg, khg.LatticeFasterDecoderConfig(beam=13.0, max_active=7000,
+                                                                              lattice_beam=6.0))
+    for utt, feats in zip(shards[0].utts, features(shards[0])):
+        decodable = khg.DecodableAmDiagGmmScaled(am=mono.model.am, tm=mono.model.tm, feats=feats, scale=0.1)
+        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=reference, decodable=decodable,
+                                                              trans_model=mono.model.tm, utt=utt, allow_partial=True)
+        assert ok and alone.hyps[utt] == words_of([int(w) for w in words], id2word).split()
 
 
 def test_benchmarks_time_the_e_step_and_score_decodes_per_setting(yesno, dask_client_1, tmp_path) -> None:

@@ -25,9 +25,9 @@ def test_hybrid_decode_options_fall_back_to_the_gmm_settings() -> None:
     from asrflow.config.settings import Decoding
     from asrflow.nnet.hybrid import decode_options
 
-    gmm = {"beam": 13.0, "max_active": 7000, "lattice_beam": 6.0}
+    gmm = {"beam": 13.0, "max_active": 7000}
     opts = decode_options(Decoding.defaults(acoustic_scale=0.1, insertion_penalty=0.0), gmm)
     assert (opts.beam, opts.max_active, opts.acoustic_scale, opts.insertion_penalty) == (13.0, 7000, 0.1, 0.0)
     opts = decode_options(Decoding.defaults(insertion_penalty=2.0, graph_beam=8.0, max_active=1000), gmm)
     assert opts.insertion_penalty == 2.0
-    assert (opts.beam, opts.max_active, opts.lattice_beam) == (8.0, 1000, 6.0)
+    assert (opts.beam, opts.max_active) == (8.0, 1000)

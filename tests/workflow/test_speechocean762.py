@@ -27,7 +27,7 @@ gmm:
   lda: {{leaves: 200, gaussians: 1000, iterations: 15, realign_iterations: [5, 10], mllt_iterations: [2, 4]}}
   sat: {{leaves: 200, gaussians: 1000, iterations: 15, realign_iterations: [5, 10]}}
 # narrow beams and small tuning grids: six training speakers make weak models, whose searches are wide
-decode: {{beam: 9.0, max_active: 1000, lattice_beam: 4.0, shard_utts: 20,
+decode: {{beam: 9.0, max_active: 1000, shard_utts: 20,
          tune: {{acoustic_scale: [0.07, 0.1], insertion_penalty: [0.0, 1.0], search: coordinate}}}}
 nnet:
   threads: 1

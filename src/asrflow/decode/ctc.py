@@ -87,7 +87,7 @@ def graph_options(nnet_decode: Decoding, graph_decode: dict) -> DecodeOptions:
     and active states as hybrids."""
     return DecodeOptions(beam=nnet_decode.graph_beam or graph_decode["beam"],
                          max_active=nnet_decode.max_active or graph_decode["max_active"],
-                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode.tlg_acoustic_scale,
+                         acoustic_scale=nnet_decode.tlg_acoustic_scale,
                          insertion_penalty=nnet_decode.tlg_insertion_penalty)
 
 
@@ -104,7 +104,7 @@ def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
-                           graph_path, None, settings, scaled_posteriors)
+                           graph_path, settings, scaled_posteriors)
 
 
 def scaled_posteriors(log_post: np.ndarray, opts: DecodeOptions) -> np.ndarray:

@@ -1,8 +1,10 @@
-"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-latgen-faster``, 1-best).
+"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-decode-faster``, 1-best).
 
-Workers cache the graph by path and modification time (and the word insertion penalty
-folded into it); each task reports the decoding time so the real-time factor excludes graph
-loading.
+The GMM's log-likelihoods of every pdf are computed for a whole utterance at once (a few
+matrix products) and searched by Kaldi's faster decoder, which keeps no lattice: every
+consumer reads only the best path. Workers cache the graph by path and modification time
+(and the word insertion penalty folded into it); each task reports the decoding time so the
+real-time factor excludes graph loading.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ _PENALISED: dict[str, object] = {}
 class DecodeOptions:
     beam: float = 13.0
     max_active: int = 7000
-    lattice_beam: float = 6.0
     acoustic_scale: float = 0.1
     insertion_penalty: float = 0.0  # added to the graph cost of every output word
     frame_shift: float = 0.01
@@ -35,15 +36,18 @@ class DecodeOptions:
 
 
 def gmm_decode_options(decode: dict) -> DecodeOptions:
-    """A GMM's lattice-faster settings from the config's ``decode`` section."""
-    return DecodeOptions(beam=decode["beam"], max_active=decode["max_active"], lattice_beam=decode["lattice_beam"],
-                         acoustic_scale=decode["acoustic_scale"],
+    """A GMM's decoder settings from the config's ``decode`` section."""
+    return DecodeOptions(beam=decode["beam"], max_active=decode["max_active"], acoustic_scale=decode["acoustic_scale"],
                          insertion_penalty=decode.get("insertion_penalty", 0.0))
 
 
 def gmm_decodable(model: GmmModel, feats: np.ndarray, scale: float):
-    """The GMM's scaled log-likelihoods of ``feats`` for Kaldi's decoder and aligner."""
-    return khg.DecodableAmDiagGmmScaled(am=model.am, tm=model.tm, feats=feats, scale=scale)
+    """The GMM's scaled log-likelihoods of ``feats`` for Kaldi's decoder, one column per transition id.
+
+    Every pdf is evaluated on every frame (:meth:`GmmModel.pdf_loglikes`): at the beams that matter
+    this is a fraction of what evaluating the visited pdfs one at a time costs.
+    """
+    return khg.DecodableCtc(np.ascontiguousarray(scale * model.pdf_loglikes(feats)[:, model.tid2pdf[1:]]))
 
 
 @dataclass
@@ -77,36 +81,27 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
     return _GRAPHS[key]
 
 
-def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
+def decode_all(graph_path: str, opts: DecodeOptions,
                decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
-    """Run the lattice-faster decoder over ``(utt, frames, make_decodable)`` items; 1-best words.
+    """Run Kaldi's faster decoder over ``(utt, frames, make_decodable)`` items; 1-best words.
 
-    Shared by every acoustic model: GMMs give a GMM decodable, networks a matrix of
-    pseudo-log-likelihoods. An utterance with no surviving path gets a partial result. With
+    Shared by every acoustic model: each gives a matrix of (pseudo-)log-likelihoods whose
+    columns are the graph's input labels less one (transition ids of an HCLG, CTC classes of a
+    TLG). An utterance whose search ends in no final state gets its best partial path
+    (``gmm-decode-faster``); one with no surviving path at all is failed. With
     ``opts.alignments`` each successful utterance's best path is kept as transition ids.
-    Without a transition model (``trans_model`` None: a TLG graph, whose input labels are
-    CTC classes + 1) Kaldi's faster decoder finds the best path instead.
     """
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
-    if trans_model is None:
-        decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active))
-    else:
-        config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
-                                                lattice_beam=opts.lattice_beam)
-        decoder = khg.LatticeFasterDecoder(graph, config)
+    decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active))
     hyps, failed, total, alignments = {}, [], 0, {}
     start = time.perf_counter()
     for utt, frames, make in decodables:
-        if trans_model is None:
-            decoder.decode(make())
-            ok, path = decoder.get_best_path()
-            words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
-        else:
-            ok, path, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
-                                                                     trans_model=trans_model, utt=utt,
-                                                                     allow_partial=True)
-            if ok and opts.alignments:
-                alignments[utt] = np.asarray(path, dtype=np.int32)
+        decoder.decode(make())
+        ok, path = decoder.get_best_path(use_final_probs=decoder.reached_final())
+        if ok:
+            ok, labels, words, _ = kfst.get_linear_symbol_sequence(path)
+        if ok and opts.alignments:
+            alignments[utt] = np.asarray(labels, dtype=np.int32)
         hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)
@@ -125,7 +120,7 @@ def per_setting(settings: list[DecodeOptions],
 
 
 def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndarray], forward: float,
-                    graph_path: str, trans_model, settings: list[DecodeOptions],
+                    graph_path: str, settings: list[DecodeOptions],
                     loglikes: Callable[[np.ndarray, DecodeOptions], np.ndarray]) -> list[DecodeResult]:
     """Search a graph once per setting with one network forward pass (``posteriors``, which took ``forward`` s).
 
@@ -136,7 +131,7 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
     def search(opts: DecodeOptions) -> DecodeResult:
         items = [(utt, n, lambda p=p: khg.DecodableCtc(loglikes(p, opts)))
                  for utt, n, p in zip(utts, frames, posteriors)]
-        result = decode_all(graph_path, trans_model, opts, items)
+        result = decode_all(graph_path, opts, items)
         result.seconds += forward
         return result
 
@@ -148,21 +143,16 @@ def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
     """1-best words of each utterance of a shard with a GMM-HMM, once per decoder setting (runs on a Dask
     worker; :func:`per_setting`).
 
-    One setting (a test decode): the GMM decodable, which evaluates only the pdfs the search
-    visits. Several (tuning): every pdf's log-likelihoods once per utterance, shared by all the
-    searches, each result's time including that computation.
+    Every pdf's log-likelihoods are computed once per utterance and shared by all the searches,
+    each result's time including that computation.
     """
     model = GmmModel.from_bytes(model_blob)
     start = time.perf_counter()
     feats = features(shard)
-    if len(settings) == 1:
-        return per_setting(settings, lambda opts: decode_all(graph_path, model.tm, opts, [
-            (utt, x.shape[0], lambda x=x: gmm_decodable(model, x, opts.acoustic_scale))
-            for utt, x in zip(shard.utts, feats)]))
     loglikes = [model.pdf_loglikes(x) for x in feats]
     columns = model.tid2pdf[1:]
     return decode_settings(list(shard.utts), [x.shape[0] for x in feats], loglikes, time.perf_counter() - start,
-                           graph_path, model.tm, settings,
+                           graph_path, settings,
                            lambda p, opts: np.ascontiguousarray(opts.acoustic_scale * p[:, columns]))
 
 

@@ -73,15 +73,21 @@ class GmmModel:
         gconsts = np.concatenate([np.asarray(g.gconsts, dtype=np.float32) for g in pdfs])
         return means_invvars, half_invvars, gconsts, self.gaussian_offsets()
 
-    def pdf_loglikes(self, feats: np.ndarray) -> np.ndarray:
-        """Log-likelihood of every frame under every pdf, (frames, pdfs): what the decoder's GMM decodable
-        computes for the pdfs it visits, here for all of them at once (several searches of one utterance)."""
+    def pdf_loglikes(self, feats: np.ndarray, block: int = 256) -> np.ndarray:
+        """Log-likelihood of every frame under every pdf, (frames, pdfs): what Kaldi's GMM decodable
+        computes for the pdfs a search visits, here for all of them by matrix products, ``block`` frames
+        at a time (the per-Gaussian scores of a block are the peak memory)."""
         means_invvars, half_invvars, gconsts, offsets = self._stacked
         x = np.asarray(feats, dtype=np.float32)
-        per_gauss = x @ means_invvars.T + (x * x) @ half_invvars.T + gconsts
-        top = np.maximum.reduceat(per_gauss, offsets[:-1], axis=1)
-        sums = np.add.reduceat(np.exp(per_gauss - np.repeat(top, np.diff(offsets), axis=1)), offsets[:-1], axis=1)
-        return (np.log(sums) + top).astype(np.float32)
+        out = np.empty((x.shape[0], len(offsets) - 1), dtype=np.float32)
+        for start in range(0, x.shape[0], block):
+            xb = x[start:start + block]
+            per_gauss = xb @ means_invvars.T + (xb * xb) @ half_invvars.T + gconsts
+            top = np.maximum.reduceat(per_gauss, offsets[:-1], axis=1)
+            per_gauss -= np.repeat(top, np.diff(offsets), axis=1)
+            np.exp(per_gauss, out=per_gauss)
+            out[start:start + block] = np.log(np.add.reduceat(per_gauss, offsets[:-1], axis=1)) + top
+        return out
 
     def gaussian_offsets(self) -> np.ndarray:
         """Start of each pdf's Gaussians in a flat per-Gaussian array (length num_pdfs + 1)."""

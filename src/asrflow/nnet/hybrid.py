@@ -19,10 +19,10 @@ from asrflow.nnet.inference import batch_log_posteriors, cached_network
 
 
 def decode_options(nnet_decode: Decoding, graph_decode: dict) -> DecodeOptions:
-    """Lattice-faster settings of a hybrid: ``nnet.decode`` beam and active states, else the GMM's ``decode``."""
+    """Decoder settings of a hybrid: ``nnet.decode`` beam and active states, else the GMM's ``decode``."""
     return DecodeOptions(beam=nnet_decode.graph_beam or graph_decode["beam"],
                          max_active=nnet_decode.max_active or graph_decode["max_active"],
-                         lattice_beam=graph_decode["lattice_beam"], acoustic_scale=nnet_decode.acoustic_scale,
+                         acoustic_scale=nnet_decode.acoustic_scale,
                          insertion_penalty=nnet_decode.insertion_penalty)
 
 
@@ -54,5 +54,5 @@ def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, g
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
-                           graph_path, gmm.tm, settings,
+                           graph_path, settings,
                            lambda p, opts: transition_loglikes(p, priors, gmm.tid2pdf, opts.acoustic_scale))
