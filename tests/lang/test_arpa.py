@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from asrflow.lang.arpa import ArpaError, prune_arpa, read_arpa, write_arpa
+from asrflow.lang.arpa import ArpaError, arpa_words, prune_arpa, read_arpa, write_arpa
 from asrflow.lang.lm import ArpaLM, KneserNeyLM
 
 SENTENCES = ["the cat sat on the mat", "the dog sat on the log", "a cat and a dog", "the cat ate",
@@ -62,6 +62,18 @@ def test_malformed_arpa_files_are_named(tmp_path) -> None:
         read_arpa(bad)
     with pytest.raises(ArpaError, match="no such ARPA file"):
         read_arpa(tmp_path / "missing.arpa")
+    with pytest.raises(ArpaError, match=r"bad.arpa:5: not an ARPA 1-gram line"):
+        arpa_words(bad)
+
+
+def test_the_vocabulary_is_read_from_the_unigrams_alone(model, tmp_path) -> None:
+    """arpa_words (what scoring needs) gives the model's words and stops at the bigrams: a malformed line
+    there is not reached."""
+    write_arpa(model, tmp_path / "lm.arpa")
+    assert arpa_words(tmp_path / "lm.arpa") == model.words
+    text = (tmp_path / "lm.arpa").read_text().replace("\\2-grams:\n", "\\2-grams:\nnot a bigram line at all\n")
+    (tmp_path / "broken.arpa").write_text(text)
+    assert arpa_words(tmp_path / "broken.arpa") == model.words
 
 
 def test_lang_stage_lm_from_extra_text_pruned_or_from_an_arpa_file(tmp_path) -> None:

@@ -115,6 +115,31 @@ def read_arpa(path: str | Path) -> Arpa:
     return model
 
 
+def arpa_words(path: str | Path) -> set[str]:
+    """The words of an ARPA file's unigram section but the sentence markers (:attr:`Arpa.words`), read without
+    the higher orders (which it stops before)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArpaError(f"{path}: no such ARPA file")
+    words: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        in_unigrams = False
+        for number, raw in enumerate(f, 1):
+            line = raw.strip()
+            if line.startswith("\\"):  # a section's start or \end\\
+                if in_unigrams:
+                    break
+                in_unigrams = line == "\\1-grams:"
+            elif in_unigrams and line:
+                fields = line.split()
+                if len(fields) not in (2, 3):
+                    raise ArpaError(f"{path}:{number}: not an ARPA 1-gram line: {raw.rstrip()!r}")
+                words.add(fields[1])
+    if not words:
+        raise ArpaError(f"{path}: no 1-grams")
+    return words - {BOS, EOS}
+
+
 def write_arpa(model: Arpa, path: str | Path) -> None:
     """Write ``model`` in ARPA form (n-grams of each order sorted; the highest order without backoff weights)."""
     lines = ["\\data\\"] + [f"ngram {k + 1}={n}" for k, n in enumerate(model.counts())] + [""]

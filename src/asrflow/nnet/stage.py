@@ -79,7 +79,8 @@ def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
     """A seeded random ``fraction`` of the training utterances (at least one) for validation."""
     count = max(1, round(fraction * len(utterances)))
     order = np.random.default_rng(seed).permutation(len(utterances))
-    return {sorted(utterances)[i] for i in order[:count]}
+    ordered = sorted(utterances)
+    return {ordered[i] for i in order[:count]}
 
 
 def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_split: str) -> set[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.data.datadir import DataDirError, read_table
-from asrflow.lang.lm import ArpaLM
+from asrflow.lang.arpa import arpa_words
 from asrflow.score.wer import format_alignment, group_summaries, score_corpus
 
 NON_WORDS = {"<eps>", "<SIL>", "#0", "<s>", "</s>"}
@@ -50,7 +50,7 @@ def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_di
     hyps = read_table(decode_dir / "hyp.txt") if (decode_dir / "hyp.txt").stat().st_size else {}
     utt2spk = read_table(data_dir / test / "utt2spk")
     # the LM's words (what the decoder can write): with corpus.extra_training the lexicon has more
-    vocabulary = {w for w in ArpaLM(Path(lang_dir) / "lm.arpa").vocab if w not in NON_WORDS and w != "<unk>"}
+    vocabulary = {w for w in arpa_words(Path(lang_dir) / "lm.arpa") if w not in NON_WORDS and w != "<unk>"}
     decode_info = json.loads((decode_dir / "manifest.json").read_text())
     summary, scores = score_corpus(refs, hyps, utt2spk, vocabulary, rtf=decode_info["rtf"])
     summary["test_set"] = test
