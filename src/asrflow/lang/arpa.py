@@ -126,7 +126,7 @@ def arpa_words(path: str | Path) -> set[str]:
         in_unigrams = False
         for number, raw in enumerate(f, 1):
             line = raw.strip()
-            if line.startswith("\\"):  # a section's start or \end\\
+            if line.startswith("\\"):  # the next section, or the end marker
                 if in_unigrams:
                     break
                 in_unigrams = line == "\\1-grams:"
