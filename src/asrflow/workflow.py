@@ -370,6 +370,7 @@ OWN_STAGE_KEYS = {"decode": ("tune",)}
 NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False,
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
+                                             "gmm.mono": {"subset": None, "subset_by": "shortest"},
                                              "decode.tune": {"search": "grid", "max_utterances": None},
                                              "corpus": {"extra_training": []},
                                              "lang": {"lexicon_file": None, "stress": "strip", "lm_text": [],

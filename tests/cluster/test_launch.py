@@ -252,6 +252,17 @@ def test_gmm_insertion_penalty_zero_changes_no_fingerprint(tmp_path) -> None:
         assert fingerprint[0] == fingerprint[1] != fingerprint[2], stage
 
 
+def test_a_monophone_subset_at_its_default_changes_no_fingerprint(tmp_path) -> None:
+    """gmm.mono.subset null (all utterances) reruns no monophone trained before the key existed; a subset does."""
+    base = make_config(tmp_path)
+    before = {**base, "gmm": {**base["gmm"], "mono": {k: v for k, v in base["gmm"]["mono"].items()
+                                                     if k not in ("subset", "subset_by")}}}
+    on = make_config(tmp_path, gmm={"mono": {"subset": 500}})
+    for stage in ("gmm", "align"):
+        fingerprint = [stage_fingerprint(c, stage, system="mono") for c in (before, base, on)]
+        assert fingerprint[0] == fingerprint[1] != fingerprint[2], stage
+
+
 def test_gmm_tuning_enters_only_its_own_fingerprint(tmp_path) -> None:
     """decode.tune is read by the GMM tune stage alone: adding or changing it reruns no fMLLR pass, network tuning
     or decode (the GMM decodes read the tune folder as an input instead)."""

@@ -23,8 +23,8 @@ from asrflow.gmm import fmllr
 from asrflow.gmm.adapt import adapt_splits, read_transforms
 from asrflow.gmm.estep import features
 from asrflow.gmm.lda import gmm_features
-from asrflow.gmm.shards import split_shards
-from asrflow.gmm.stage import align_split, read_alignments, write_alignments
+from asrflow.gmm.shards import split_shards, subset_utterances
+from asrflow.gmm.stage import align_split, read_alignments, train_system, write_alignments
 from asrflow.gmm.train import train_lda, train_mono, train_tri
 from asrflow.lang.stage import prepare_lang
 
@@ -66,6 +66,39 @@ def test_mono_trains_and_logs_each_iteration(yesno, dask_client_1) -> None:
     assert likes[-1] > likes[1]  # training improves the likelihood
     assert steps[-1][1]["gaussians"] > steps[0][1]["gaussians"] == result.model.am.num_pdfs
     assert len(result.alignments) == 31 and not result.failed
+
+
+def test_subsets_take_the_shortest_or_each_speaker_in_turn() -> None:
+    frames = {"a1": 50, "a2": 10, "a3": 30, "b1": 40, "b2": 20, "c1": 60}
+    utt2spk = {u: u[0] for u in frames}
+    assert subset_utterances(frames, utt2spk, 3, "shortest") == {"a2", "b2", "a3"}
+    assert subset_utterances(frames, utt2spk, 4, "speakers") == {"a1", "b1", "c1", "a2"}
+    assert subset_utterances(frames, utt2spk, 10, "speakers") == set(frames)
+
+
+class _Run:
+    """What train_system logs to (the tracking run)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        self.steps.append(step)
+
+
+def test_a_monophone_on_a_subset_aligns_every_utterance(yesno, dask_client_1, tmp_path) -> None:
+    """gmm.mono.subset: the monophone trains on the shortest utterances and aligns the whole split after, so
+    the next system has every alignment."""
+    config, shards, lang = yesno
+    root = lang.parent
+    subset = make_config(root, corpus={"name": "yesno"}, features={"kinds": ["mfcc"]},
+                         audio={"sample_rate": 8000}, gmm={"mono": {**SMALL["mono"], "subset": 10}})
+    run = _Run()
+    manifest = train_system(subset, "mono", "train", root / "data", root / "mfcc", lang, tmp_path / "mono",
+                            dask_client_1, run, log=QUIET)
+    assert (manifest["trained_on"], manifest["utterances"], manifest["aligned"]) == (10, 31, 31)
+    assert len(read_alignments(tmp_path / "mono" / "ali" / "transition_ids.txt")) == 31
+    assert run.steps == list(range(6))
 
 
 def test_same_model_with_two_workers_and_a_killed_worker(yesno, dask_client_1) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from itertools import zip_longest
 from pathlib import Path
 
 import kaldiio
@@ -49,3 +50,28 @@ def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Pa
             projection=projection,
         ))
     return out
+
+
+def subset_utterances(frames: dict[str, int], utt2spk: dict[str, str], count: int, by: str) -> set[str]:
+    """``count`` utterances of a split (Kaldi's ``utils/subset_data_dir.sh``): ``shortest``, the fewest frames
+    (ties by id); ``speakers``, each speaker's first utterance in turn, then each one's second, and so on."""
+    if by == "shortest":
+        return set(sorted(frames, key=lambda u: (frames[u], u))[:count])
+    if by != "speakers":
+        raise ValueError(f"unknown subset kind {by!r}: shortest or speakers")
+    by_speaker: dict[str, list[str]] = {}
+    for utt in sorted(frames):
+        by_speaker.setdefault(utt2spk[utt], []).append(utt)
+    turns = zip_longest(*(by_speaker[s] for s in sorted(by_speaker)))
+    return set([u for turn in turns for u in turn if u is not None][:count])
+
+
+def split_subset(data_dir: str | Path, feats_dir: str | Path, split: str, count: int, by: str) -> set[str] | None:
+    """The utterances of ``split`` with features that :func:`subset_utterances` picks (their frame counts from
+    ``utt2num_frames``); None when ``count`` covers them all."""
+    lengths = {u: int(n) for u, n in read_table(Path(feats_dir) / split / "utt2num_frames").items()}
+    utts = set(read_table(Path(data_dir) / split / "text")) & set(lengths)
+    if count >= len(utts):
+        return None
+    utt2spk = read_table(Path(data_dir) / split / "utt2spk")
+    return subset_utterances({u: lengths[u] for u in utts}, utt2spk, count, by)

@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from asrflow.cluster import broadcast, run_sharded
 from asrflow.config import SAT_SOURCES
+from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_data_dir
 from asrflow.features import Projection
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
-from asrflow.gmm.shards import split_shards
-from asrflow.gmm.train import TrainResult, estep_task, train_lda, train_mono, train_tri
+from asrflow.gmm.shards import split_shards, split_subset
+from asrflow.gmm.train import TrainResult, align_shards, train_lda, train_mono, train_tri
 from asrflow.lang.graph import read_symbols
 
 
@@ -131,12 +131,9 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     cfg = config["gmm"][system]
     shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
                           **gmm_features(model_dir, adapted=system in SAT_SOURCES))
-    blob = broadcast(client, model.to_bytes())
-    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align",
-                          AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
-                          units=[len(s.utts) for s in shards], desc=f"align-{split}", retries=config["dask"]["retries"])
-    alignments = {u: a for r in results for u, a in r.alignments.items()}
-    failed = {u: reason for r in results for u, reason in r.failed}
+    alignments, failed, results = align_shards(client, shards, model,
+                                               AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
+                                               config["dask"]["retries"], f"align-{split}")
     write_alignments(out / "ali", model, alignments, lang_dir / "phones.txt")
     write_report(out / "report.tsv", failed)
     frames = sum(len(a) for a in alignments.values())
@@ -148,6 +145,26 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     log(f"{system}: aligned {manifest['aligned']} of {manifest['utterances']} utterances of {split}, "
         f"{manifest['failed']} failed, {manifest['retried']} retried, {manifest['seconds']:.1f} s")
     return manifest
+
+
+def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, client: Any,
+                on_metrics: Any, log: Any) -> tuple[TrainResult, int]:
+    """The monophone on ``shards`` or, with ``gmm.mono.subset``, on that many of their utterances, then every
+    utterance aligned with it for the next system (``align_si.sh``); the result and how many it trained on."""
+    cfg = config["gmm"]["mono"]
+    subset = split_subset(paths.data, paths.features, train, cfg["subset"], cfg["subset_by"]) if cfg["subset"] else None
+    if subset is None:
+        return train_mono(config, shards, paths.lang, client, on_metrics, log), sum(len(s.utts) for s in shards)
+    few = split_shards(paths.data, paths.features, paths.lang, train, config["gmm"]["shard_utts"], only=subset)
+    result = train_mono(config, few, paths.lang, client, on_metrics, log)
+    start = time.perf_counter()
+    result.alignments, result.failed, _ = align_shards(client, shards, result.model,
+                                                       AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
+                                                       config["dask"]["retries"], f"align-{train}")
+    result.seconds += time.perf_counter() - start
+    log(f"mono: trained on {len(subset)} utterances ({cfg['subset_by']}), aligned {len(result.alignments)} of "
+        f"{sum(len(s.utts) for s in shards)}")
+    return result, len(subset)
 
 
 def train_system(config: dict[str, Any], system: str, train: str, data_dir: str | Path, feats_dir: str | Path,
@@ -173,8 +190,10 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     # lda splices the static MFCCs itself; sat reads adapted features as they are
     shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts,
                           deltas=0 if system in ("lda", *SAT_SOURCES) else 2)
+    trained_on = sum(len(s.utts) for s in shards)
     if system == "mono":
-        result: TrainResult = train_mono(config, shards, lang_dir, client, on_metrics, log)
+        result, trained_on = _train_mono(config, shards, Paths(out, Path(data_dir), Path(feats_dir), lang_dir), train,
+                                         client, on_metrics, log)
     else:
         if source_dir is None:
             raise ValueError(f"the {system} system needs the folder of the system whose alignments start it")
@@ -204,7 +223,8 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                 # means, variances and weights of every Gaussian
                 "parameters": result.model.am.num_gauss * (2 * result.model.am.dim + 1),
                 "aligned": len(result.alignments), "failed": len(result.failed),
-                "seconds": round(result.seconds, 3), "utterances": sum(len(s.utts) for s in shards), **result.info}
+                "seconds": round(result.seconds, 3), "utterances": sum(len(s.utts) for s in shards),
+                "trained_on": trained_on, **result.info}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"{system}: {manifest['pdfs']} pdfs, {manifest['gaussians']} Gaussians, {manifest['aligned']} aligned, "
         f"{manifest['failed']} failed, {manifest['seconds']:.1f} s")

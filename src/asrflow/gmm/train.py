@@ -131,6 +131,18 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
                        time.perf_counter() - start, cfg["iterations"])
 
 
+def align_shards(client: Any, shards: list[Shard], model: GmmModel, opts: AlignOptions, retries: int,
+                 desc: str) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+    """Force-align every utterance of ``shards`` with ``model`` (``gmm-align-compiled``): alignments, the
+    utterances that failed with why, and the per-shard E-step results."""
+    blob = broadcast(client, model.to_bytes())
+    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align", opts,
+                          units=[len(s.utts) for s in shards], desc=desc, retries=retries)
+    alignments = {u: a for r in results for u, a in r.alignments.items()}
+    failed = {u: reason for r in results for u, reason in r.failed}
+    return alignments, failed, results
+
+
 def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, source: GmmModel,
               source_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
               log: Callable[[str], None] = print, system: str = "tri") -> TrainResult:
