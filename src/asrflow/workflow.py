@@ -38,7 +38,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "features": ("audio.sample_rate", "seed", "features.frame_length_ms", "features.frame_shift_ms",
                  "features.dither", "features.preemphasis", "features.remove_dc_offset", "features.window",
                  "features.low_freq", "features.high_freq", "features.snip_edges", "features.shard_utts",
-                 "features.{kind}"),
+                 "features.compress", "features.{kind}"),
     "lang": ("lang",),
     # one system's section: adding or changing another system's does not retrain this one
     "gmm": ("seed", "gmm.shard_utts", "gmm.{system}"),
@@ -376,6 +376,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                              "lang": {"lexicon_file": None, "stress": "strip", "lm_text": [],
                                                       "lm_arpa": None, "lm_max_ngrams": None},
                                              "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker",
+                                                  "features.compress": False,
                                                   "nnet.hold_out": "utterances", "decode.insertion_penalty": 0.0}}
 
 

@@ -58,6 +58,15 @@ def test_output_contract(yesno_data, dask_client_1) -> None:
     np.testing.assert_allclose(cmvn["global"][0, :-1], sum(train[k].astype(float).sum(0) for k in train), rtol=1e-6)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dim"] == 13 and manifest["splits"] == ["train", "test"]
+    # stored as Kaldi's compressed matrices (features.compress, on by default); CMVN above is of what is stored
+    ark, offset = next(iter(feats_scp_values(out))).rsplit(":", 1)
+    with open(ark, "rb") as f:
+        f.seek(int(offset))
+        assert f.read(5) == b"\0BCM "
+
+
+def feats_scp_values(folder: Path) -> list[str]:
+    return [line.split(maxsplit=1)[1] for line in (folder / "feats.scp").read_text().splitlines()]
 
 
 def test_identical_with_one_or_two_workers(yesno_data, dask_client_1) -> None:

@@ -33,7 +33,7 @@ from asrflow.data.audio import AudioError, read_audio
 from asrflow.data.datadir import read_data_dir, read_table
 from asrflow.data.perturb import perturb_speed
 from asrflow.data.validate import Utterance
-from asrflow.features.ark import write_ark, write_text_atomic
+from asrflow.features.ark import decoded, matrix_bytes, write_ark, write_text_atomic
 from asrflow.features.compute import FeatureOptions, compute_batch
 from asrflow.features.transforms import cmvn_stats
 
@@ -58,8 +58,10 @@ def load_signal(utt: Utterance, sample_rate: int) -> np.ndarray:
     return perturb_speed(samples, rate, utt.speed, sample_rate) * np.float32(INT16_SCALE)
 
 
-def extract_shard(utts: list[Utterance], opts: FeatureOptions, seed: int, ark: str) -> ShardResult:
-    """Compute and write one shard's archive (runs on a Dask worker)."""
+def extract_shard(utts: list[Utterance], opts: FeatureOptions, seed: int, ark: str,
+                  compress: bool = False) -> ShardResult:
+    """Compute and write one shard's archive (runs on a Dask worker); ``compress``: Kaldi's compressed
+    matrices, the CMVN statistics then taken from what the archive holds (as ``compute-cmvn-stats`` reads it)."""
     start = time.perf_counter()
     signals, kept, failed = [], [], []
     for utt in utts:
@@ -75,11 +77,13 @@ def extract_shard(utts: list[Utterance], opts: FeatureOptions, seed: int, ark: s
             failed.append((utt.utt_id, utt.audio, f"{sig.size} samples: shorter than one frame"))
         else:
             items.append((utt.utt_id, mat))
-    scp = write_ark(ark, items)
+    encoded = [(k, matrix_bytes(m, compress)) for k, m in items]
+    stored = [decoded(e) for _, e in encoded] if compress else [m for _, m in items]
+    scp = write_ark(ark, encoded)
     return ShardResult(
         scp=scp,
         num_frames={k: int(m.shape[0]) for k, m in items},
-        stats=np.stack([cmvn_stats(m) for _, m in items]) if items else np.zeros((0, 2, opts.dim + 1)),
+        stats=np.stack([cmvn_stats(m) for m in stored]) if items else np.zeros((0, 2, opts.dim + 1)),
         failed=failed,
         audio_seconds=float(sum(s.size for s in signals) / opts.sample_rate),
         seconds=time.perf_counter() - start,
@@ -160,6 +164,7 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     arks = [str(out / f"feats.{i:04d}.ark") for i in range(len(shards))]
     log(f"{kind}: {len(utts)} utterances in {len(shards)} shards, dim {opts.dim}")
     results = run_sharded(client, _extract_shard_args, list(zip(shards, arks)), opts, config["seed"],
+                          config["features"]["compress"],
                           units=[len(s) for s in shards], desc=f"features-{kind}",
                           retries=config["dask"]["retries"])
     compute_end = time.perf_counter()
@@ -191,6 +196,7 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     return summary
 
 
-def _extract_shard_args(item: tuple[list[Utterance], str], opts: FeatureOptions, seed: int) -> ShardResult:
+def _extract_shard_args(item: tuple[list[Utterance], str], opts: FeatureOptions, seed: int,
+                        compress: bool) -> ShardResult:
     utts, ark = item
-    return extract_shard(utts, opts, seed, ark)
+    return extract_shard(utts, opts, seed, ark, compress)
