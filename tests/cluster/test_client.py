@@ -52,3 +52,37 @@ def test_a_single_local_worker_runs_in_the_jobs_process_unless_told_not_to(in_th
         # a worker process's nanny sets OMP_NUM_THREADS=1 etc. here to spawn it; they must not stay
         assert dict(os.environ) == environ
     assert (pids == [os.getpid()] * 2) is in_thread
+
+
+def _as_list(x: int) -> list[int]:
+    return [x]
+
+
+def _fail_on_three(x: int) -> list[int]:
+    if x == 3:
+        raise ValueError("shard 3 is broken")
+    return [x]
+
+
+def _join(a: list[int], b: list[int]) -> list[int]:
+    return a + b
+
+
+def _half_sum(a: float, b: float) -> float:
+    return (a + b) / 2
+
+
+def test_reduced_results_combine_in_a_fixed_tree_on_the_workers(dask_client_1) -> None:
+    """run_reduced combines the shards' results pairwise in shard order (a tree that does not depend on which
+    shard finishes first), returns only the total, and raises a shard's error."""
+    from asrflow.cluster import run_reduced
+
+    assert run_reduced(dask_client_1, _as_list, list(range(7)), combine=_join) == list(range(7))
+    assert run_reduced(dask_client_1, _as_list, [5], combine=_join) == [5]
+    # a non-associative combination shows the tree: ((0,1),(2,3)),((4,5),6)
+    tree = _half_sum(_half_sum(_half_sum(0, 1), _half_sum(2, 3)), _half_sum(_half_sum(4, 5), 6))
+    assert run_reduced(dask_client_1, float, list(range(7)), combine=_half_sum) == tree
+    with pytest.raises(ValueError, match="shard 3 is broken"):
+        run_reduced(dask_client_1, _fail_on_three, list(range(5)), combine=_join, retries=0)
+    with pytest.raises(ValueError, match="no shards"):
+        run_reduced(dask_client_1, _as_list, [], combine=_join)

@@ -189,6 +189,55 @@ def run_sharded(
     return results
 
 
+def run_reduced(
+    client: Any,
+    fn: Callable[..., R],
+    shards: Sequence[Any],
+    *args: Any,
+    combine: Callable[[R, R], R],
+    units: Sequence[int] | None = None,
+    desc: str = "",
+    unit: str = "utt",
+    retries: int = 2,
+    **kwargs: Any,
+) -> R:
+    """``fn(shard, *args, **kwargs)`` for each shard, combined on the workers; only the total reaches the driver.
+
+    The results are combined pairwise in a fixed binary tree over the shard order (``combine(left,
+    right)``, as Kaldi sums accumulators with ``gmm-sum-accs``), so the total is the same whatever the
+    workers or the order the shards finish in, and no process holds more than a few shards' results
+    at once: each shard's result is released as soon as its combination has it.
+    """
+    from dask.distributed import as_completed
+
+    if not shards:
+        raise ValueError(f"{desc or fn.__name__}: no shards to run")
+    units = list(units) if units is not None else [1] * len(shards)
+    token = uuid.uuid4().hex[:8]
+    name = desc or fn.__name__
+    leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", **kwargs)
+              for i, s in enumerate(shards)]
+    count = {f.key: units[i] for i, f in enumerate(leaves)}
+    level, depth = list(leaves), 0
+    while len(level) > 1:
+        depth += 1
+        level = [client.submit(combine, level[i], level[i + 1], pure=False, retries=retries,
+                               key=f"{name}-{token}-sum{depth}-{i // 2}") if i + 1 < len(level) else level[i]
+                 for i in range(0, len(level), 2)]
+    root = level[0]
+    pending = as_completed(leaves)
+    del leaves, level
+    with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
+              disable=None if sys.stderr.isatty() else False) as bar:
+        for future in pending:
+            if future.status == "error":
+                future.result()  # raises the shard's error
+            bar.update(count[future.key])
+            if future.key != root.key:  # a single shard is its own total
+                future.release()
+    return root.result()
+
+
 def broadcast(client: Any, data: Any, attempts: int = 3) -> Any:
     """Put ``data`` on every worker once (a future tasks can take as an argument).
 

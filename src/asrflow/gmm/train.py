@@ -5,6 +5,7 @@ features, ``train_sat.sh``). E-steps run on Dask; M-steps on the driver.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from asrflow.cluster import broadcast, run_sharded
+from asrflow.cluster import broadcast, run_reduced, run_sharded
 from asrflow.features import Projection, splice
 from asrflow.gmm.estep import AlignOptions, Shard, estep, features, moments, tree_stats
 from asrflow.gmm.lda import (
@@ -29,7 +30,7 @@ from asrflow.gmm.lda import (
 )
 from asrflow.gmm.model import GmmModel, init_from_tree, init_mono, read_topology, tree_from_bytes
 from asrflow.gmm.tree import TreeStats, build_tree, context_dependency_bytes, phone_questions
-from asrflow.gmm.update import m_step, pdf_occupancies, split_gaussians, sum_results
+from asrflow.gmm.update import m_step, merge_results, pdf_occupancies, split_gaussians
 
 Metrics = Callable[[int, dict[str, float]], None]
 #: Called before each iteration with (iteration, model, alignments); returns the shards to use from then on
@@ -65,15 +66,14 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
         blob = broadcast(client, model.to_bytes())
         per_shard = [None if mode == "realign" else {u: alignments[u] for u in s.utts if u in alignments}
                      for s in shards]
-        results = run_sharded(client, estep_task, list(zip(shards, per_shard)), blob, mode, opts,
-                              units=[len(s.utts) for s in shards], desc=f"iter{it}-{mode}", retries=retries)
+        totals = run_reduced(client, estep_task, list(zip(shards, per_shard)), blob, mode, opts,
+                             combine=merge_results, units=[len(s.utts) for s in shards], desc=f"iter{it}-{mode}",
+                             retries=retries)
         if mode == "realign":
-            for r in results:
-                alignments.update(r.alignments)
-                for utt, reason in r.failed:
-                    alignments.pop(utt, None)
-                    failed[utt] = reason
-        totals = sum_results(results)
+            alignments.update(totals.alignments or {})
+            for utt, reason in totals.failed:
+                alignments.pop(utt, None)
+                failed[utt] = reason
         m_step(model, totals, cfg["min_gaussian_occupancy"])
         split_gaussians(model, pdf_occupancies(model, totals), numgauss, rng, cfg["power"])
         if it <= max_iter_inc:
@@ -81,7 +81,7 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
         seconds = time.perf_counter() - start
         metrics = {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
                    "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs, "seconds": seconds,
-                   "align_failed": sum(len(r.failed) for r in results) if mode == "realign" else 0,
+                   "align_failed": len(totals.failed) if mode == "realign" else 0,
                    "align_retried": totals.retried}
         on_metrics(it, metrics)
         log(f"iter {it:2d} {mode:10s} like/frame {metrics['loglike_per_frame']:.4f} "
@@ -101,24 +101,21 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
     start = time.perf_counter()
     cfg = config["gmm"]["mono"]
     retries = config["dask"]["retries"]
-    parts = run_sharded(client, moments, shards, desc="moments", retries=retries)
-    count = sum(p[0] for p in parts)
-    mean = sum(p[1] for p in parts) / count
-    var = np.maximum(sum(p[2] for p in parts) / count - mean**2, 1e-3)
+    count, total, squares = run_reduced(client, moments, shards, combine=_add_moments, desc="moments",
+                                        retries=retries)
+    mean = total / count
+    var = np.maximum(squares / count - mean**2, 1e-3)
     model = init_mono(read_topology(Path(lang_dir) / "topo"), mean, var)
     rng = np.random.default_rng(config["seed"])
     numgauss = model.am.num_gauss
     log(f"mono: {model.am.num_pdfs} pdfs, {len(shards)} shards, {sum(len(s.utts) for s in shards)} utterances")
     # Pass 0: equal alignment, then estimate (gmm-est --min-gaussian-occupancy=3).
     blob = broadcast(client, model.to_bytes())
-    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "equal", AlignOptions(),
-                          units=[len(s.utts) for s in shards], desc="iter0-equal", retries=retries)
-    alignments: dict[str, np.ndarray] = {}
-    failed: dict[str, str] = {}
-    for r in results:
-        alignments.update(r.alignments)
-        failed.update(dict(r.failed))
-    totals = sum_results(results)
+    totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "equal", AlignOptions(),
+                         combine=merge_results, units=[len(s.utts) for s in shards], desc="iter0-equal",
+                         retries=retries)
+    alignments: dict[str, np.ndarray] = dict(totals.alignments or {})
+    failed: dict[str, str] = dict(totals.failed)
     m_step(model, totals, min_gaussian_occupancy=3.0)
     on_metrics(0, {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
                    "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs,
@@ -178,9 +175,8 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
     blob = broadcast(client, source.to_bytes())
     plain = make_shards(None)
     per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in plain]
-    parts = run_sharded(client, _lda_stats_task, list(zip(plain, per_shard)), blob, cfg["splice"], silence,
-                        units=[len(s.utts) for s in plain], desc="lda-stats", retries=retries)
-    stats = sum(parts[1:], parts[0])
+    stats = run_reduced(client, _lda_stats_task, list(zip(plain, per_shard)), blob, cfg["splice"], silence,
+                        combine=operator.add, units=[len(s.utts) for s in plain], desc="lda-stats", retries=retries)
     projection = Projection(cfg["splice"], estimate_lda(stats, cfg["dim"]))
     log(f"lda: {stats.sums.shape[1]} spliced dims -> {cfg['dim']} from {int(stats.count.sum())} non-silence frames "
         f"of {int((stats.count > 0).sum())} pdfs")
@@ -194,9 +190,9 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
             return None
         blob = broadcast(client, model.to_bytes())
         per_shard = [{u: alignments[u] for u in s.utts if u in alignments} for s in shards]
-        parts = run_sharded(client, _mllt_stats_task, list(zip(shards, per_shard)), blob, silence,
-                            units=[len(s.utts) for s in shards], desc=f"iter{it}-mllt", retries=retries)
-        mllt = sum(parts[1:], parts[0])
+        mllt = run_reduced(client, _mllt_stats_task, list(zip(shards, per_shard)), blob, silence,
+                           combine=operator.add, units=[len(s.utts) for s in shards], desc=f"iter{it}-mllt",
+                           retries=retries)
         a = estimate_mllt(mllt)
         gains.append(round(mllt_objective(mllt, a) - mllt_objective(mllt, np.eye(len(a))), 4))
         transform_means(model, a)
@@ -222,9 +218,10 @@ def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard]
     lang_dir = Path(lang_dir)
     blob = broadcast(client, source.to_bytes())
     per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in shards]
-    parts = run_sharded(client, _tree_stats_args, list(zip(shards, per_shard)), blob, desc="tree-stats",
-                        retries=retries)
-    stats = TreeStats.merge([p for p in parts if p is not None])
+    stats = run_reduced(client, _tree_stats_args, list(zip(shards, per_shard)), blob, combine=_merge_tree_stats,
+                        desc="tree-stats", retries=retries)
+    if stats is None:
+        raise ValueError(f"{system}: no aligned frames to build a tree from")
     silence = [int(x) for x in (lang_dir / "silence.int").read_text().split()]
     nonsilence = [int(x) for x in (lang_dir / "nonsilence.int").read_text().split()]
     phones = sorted(silence + nonsilence)
@@ -273,3 +270,15 @@ def _mllt_stats_task(item: tuple[Shard, dict], blob: bytes, silence: set[int]) -
 def _tree_stats_args(item: tuple[Shard, dict], blob: bytes):
     shard, alignments = item
     return tree_stats(shard, blob, alignments)
+
+
+def _add_moments(a: tuple[float, np.ndarray, np.ndarray],
+                 b: tuple[float, np.ndarray, np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
+    """Two shards' feature count, sum and sum of squares added (a :func:`run_reduced` combination)."""
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
+def _merge_tree_stats(a: TreeStats | None, b: TreeStats | None) -> TreeStats | None:
+    """Two shards' tree statistics merged; a shard without aligned frames has None."""
+    parts = [p for p in (a, b) if p is not None]
+    return TreeStats.merge(parts) if parts else None

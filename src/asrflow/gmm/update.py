@@ -14,6 +14,18 @@ from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg, khg_ext
 
 
+def merge_results(left: EStepResult, right: EStepResult) -> EStepResult:
+    """Two shards' (or sums') statistics added, their alignments and failures together (left's first): the
+    combination :func:`asrflow.cluster.run_reduced` applies on the workers."""
+    alignments = None
+    if left.alignments is not None or right.alignments is not None:
+        alignments = {**(left.alignments or {}), **(right.alignments or {})}
+    return EStepResult(left.occ + right.occ, left.x + right.x, left.x2 + right.x2, left.trans + right.trans,
+                       left.like + right.like, left.frames + right.frames, alignments, left.failed + right.failed,
+                       left.retried + right.retried, left.align_like + right.align_like,
+                       left.seconds + right.seconds)
+
+
 def sum_results(results: list[EStepResult]) -> EStepResult:
     """Sum shard statistics in shard order (deterministic); alignments and failures are not merged."""
     first = results[0]
