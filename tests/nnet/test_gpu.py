@@ -69,8 +69,8 @@ if labels is None:
 else:
     (root / "labels.txt").write_text("".join(f"{u} {' '.join(map(str, l))}\\n" for u, l in labels.items()))
 data = FeatureDataset(root / "data", root / "feats", "train", labels)
-opts = Training.defaults(epochs=3, max_frames=600, lr=3e-3, warmup_steps=5, checkpoint_every=5, patience=5, seed=3,
-                    deterministic=True)
+opts = Training.defaults(epochs=3, max_frames=600, lr=3e-3, warmup_steps=5, checkpoint_every=5, checkpoint_minutes=0,
+                    patience=5, seed=3, deterministic=True)
 summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.2}, opts, data, data, 4, out,
                 log=lambda *_: None)
 print("device", summary["device"], "best", summary["best_valid_loss"])

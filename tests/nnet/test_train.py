@@ -27,7 +27,8 @@ frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_f
 # Learnable toy targets: 4 classes by position in the utterance.
 targets = {u: (__import__("numpy").arange(n) * 4 // n) for u, n in frames.items()}
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
-opts = Training.defaults(epochs=3, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, patience=5, seed=3,
+opts = Training.defaults(epochs=3, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, checkpoint_minutes=0,
+                    patience=5, seed=3,
                     specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
 summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.1}, opts, data, data, 4, out,
                 log=lambda *_: None)
@@ -118,3 +119,37 @@ def test_each_learner_takes_its_own_gpu_or_fails_saying_why() -> None:
     assert learner_device(1, 2) == torch.device("cuda", 1)
     with pytest.raises(NnetError, match="learner 1 of this node has no GPU: the node has 1 GPU"):
         learner_device(1, 1)
+
+
+def test_checkpoints_between_epoch_ends_wait_for_the_clock(fbank, tmp_path: Path,  # noqa: F811
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoint_minutes: looking every step, a checkpoint is written mid-epoch only once that much wall clock
+    has passed since the last (0: at every look); every epoch end writes one."""
+    import numpy as np
+
+    import asrflow.nnet.train as trainer
+    from asrflow.config.settings import Training
+    from asrflow.data.datadir import read_table
+    from asrflow.nnet.data import FeatureDataset
+
+    frames = {u: int(n) for u, n in read_table(fbank / "fbank" / "train" / "utt2num_frames").items()}
+    data = FeatureDataset(fbank / "data", fbank / "fbank", "train",
+                          {u: np.arange(n) * 4 // n for u, n in frames.items()})
+    positions: list[tuple[int, int]] = []
+    write = trainer.atomic_save
+
+    def recording(obj: dict, path: Path) -> None:
+        if "state" in obj:
+            positions.append((obj["state"]["epoch"], obj["state"]["batch"]))
+        write(obj, path)
+
+    monkeypatch.setattr(trainer, "atomic_save", recording)
+    for minutes in (1e6, 0):
+        positions.clear()
+        opts = Training.defaults(epochs=2, max_frames=2000, warmup_steps=1, checkpoint_every=1,
+                                 checkpoint_minutes=minutes, patience=5)
+        trainer.train({"type": "dnn", "hidden": 16, "layers": 1, "context": 1, "dropout": 0.0}, opts, data, data,
+                      4, tmp_path / f"m{minutes}", log=lambda *_: None)
+        mid_epoch = [p for p in positions if p[1] > 0]
+        assert [p for p in positions if p[1] == 0] == [(1, 0), (2, 0)]  # the two epoch ends
+        assert (not mid_epoch) if minutes else len(mid_epoch) > 2

@@ -40,7 +40,7 @@ frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_f
 targets = {u: (np.arange(n) * 4 // n) for u, n in frames.items()}  # 4 classes by position in the utterance
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
 opts = Training.defaults(epochs=hooks.get("epochs", 5), max_frames=1000, lr=3e-3, warmup_steps=5,
-                         checkpoint_every=4, patience=50, seed=3)
+                         checkpoint_every=4, checkpoint_minutes=0, patience=50, seed=3)
 for name, settings in runs.items():
     summary = train({"type": "dnn", "hidden": 48, "layers": 2, "context": 2, "dropout": 0.0}, opts, data, data, 4,
                     out / name, log=lambda m: print("LOG", m, flush=True),

@@ -124,6 +124,7 @@ class Training(Settings):
     weight_decay: float
     clip: float
     checkpoint_every: int
+    checkpoint_minutes: float
     patience: int
     amp: bool
     prefetch: int

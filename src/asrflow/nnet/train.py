@@ -4,8 +4,9 @@ Runs as one process or under ``torchrun`` (``torch.distributed``: gloo on CPU, N
 where a parallel strategy of :mod:`asrflow.parallel` (``nnet.parallel.strategy``) decides
 how the learners exchange gradients or models. Checkpoints hold the full state of every
 learner — model, optimiser, scheduler, RNG, the strategy's own state — and the epoch and
-position inside it; they are written atomically every ``checkpoint_every`` steps by learner
-0 and loaded with ``weights_only=True``; a run killed at any point and restarted ends with
+position inside it; learner 0 writes them atomically at every epoch end and, looking every
+``checkpoint_every`` steps, once ``checkpoint_minutes`` have passed since the last; they
+are loaded with ``weights_only=True``; a run killed at any point and restarted ends with
 the same model as an uninterrupted one (exactly so for one learner and the synchronous
 strategies). On a GPU the forward pass runs under bfloat16 autocast
 (``amp``); losses are computed in float32.
@@ -186,6 +187,8 @@ def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, sch
     return state
 
 
+RUNTIME_OPTIONS = ("prefetch", "checkpoint_minutes")  # training options that change no result
+
 def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
     """Every learner's ``value`` on learner 0 (None elsewhere)."""
     if world == 1:
@@ -263,9 +266,10 @@ class _Run:
         self.state_path.mkdir(parents=True, exist_ok=True)
         self.checkpoint = self.state_path / CHECKPOINT
         input_dim = train_set[0][1].shape[1]
-        # what a checkpoint must have been written with to be resumed (prefetching changes no result)
+        # what a checkpoint must have been written with to be resumed (prefetching and when checkpoints are
+        # written change no result)
         self.identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
-                              sorted((k, v) for k, v in vars(opts).items() if k != "prefetch"),
+                              sorted((k, v) for k, v in vars(opts).items() if k not in RUNTIME_OPTIONS),
                               len(train_set), self.world,
                               sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
                               weights_digest(init["model"]) if init is not None else None))
@@ -273,6 +277,7 @@ class _Run:
                        "objective": objective, **(extra or {})}
         self.valid_part = valid_set.part(self.rank, self.world)
         self.resumed = False
+        self.saved_at = time.monotonic()
         self.totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0,
                        "bytes": 0.0, "steps": 0, "held_out": 0.0}
 
@@ -309,8 +314,17 @@ class _Run:
         self.log(f"resumed from {self.checkpoint}: epoch {self.state['epoch']}, batch {self.state['batch']}, "
                  f"step {self.state['step']}")
 
+    def checkpoint_due(self) -> bool:
+        """Whether ``checkpoint_minutes`` have passed since the last checkpoint, by learner 0's clock (every
+        learner gets its answer: writing one is a collective)."""
+        due = [time.monotonic() - self.saved_at >= 60 * self.opts.checkpoint_minutes]
+        if self.world > 1:
+            dist.broadcast_object_list(due, src=0)
+        return bool(due[0])
+
     def save(self) -> None:
         """A checkpoint of every learner's state, written by learner 0."""
+        self.saved_at = time.monotonic()
         self.strategy.quiesce()
         learners = _gather(_learner_state(self.model, self.optimiser, self.scheduler, self.strategy, self.device),
                            self.rank, self.world)
@@ -387,7 +401,7 @@ class _Run:
             metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
         metrics.update({name: value / max(stats.count, 1) for name, value in stats.parts.items()})
         self.log_metrics(self.state["step"], metrics)
-        if self.state["step"] % self.opts.checkpoint_every == 0:
+        if self.state["step"] % self.opts.checkpoint_every == 0 and self.checkpoint_due():
             self.save()
 
     def end_epoch(self) -> None:
