@@ -154,3 +154,33 @@ def test_a_data_stage_that_rejects_everything_leaves_its_report(tmp_path: Path, 
     (run,) = _client(config).search_runs([_client(config).get_experiment_by_name("test").experiment_id])
     assert run.info.status == "FAILED" and run.data.metrics["rejected"] == 2
     assert run.data.metrics["rejected.audio_file_is_empty_0_bytes_"] == 1
+
+
+def test_training_metrics_are_written_off_the_loop_and_all_arrive(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """BackgroundMetrics: the caller only appends; a thread writes every 25 steps and at each held-out loss;
+    close() writes the rest, so every step's metrics reach the store."""
+    import threading
+
+    from asrflow.tracking import BackgroundMetrics
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    config = make_config(tmp_path)
+    writers: set[str] = set()
+    with stage_run(config, "train") as run:
+        write = run.log_metric_steps
+
+        def recording(steps):
+            writers.add(threading.current_thread().name)
+            write(steps)
+
+        monkeypatch.setattr(run, "log_metric_steps", recording)
+        metrics = BackgroundMetrics(run)
+        for step in range(1, 61):
+            metrics(step, {"loss": 1.0 / step, **({"valid_loss": 0.5} if step == 30 else {})})
+        metrics.close()
+        run_id = run.run_id
+    history = _client(config).get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 61))
+    assert writers == {"mlflow-metrics"}

@@ -39,6 +39,7 @@ from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.train import train
 from asrflow.nnet.units import PhoneUnits, Units
+from asrflow.tracking import BackgroundMetrics
 
 
 @dataclass
@@ -262,20 +263,15 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": net.features,
                     "nnet.effective.cmvn": net.cmvn, "nnet.effective.alignments": alignments or "none",
                     "nnet.effective.init": net.init or "none"})
-    pending: list[tuple[int, dict]] = []
-
-    def log_metrics(step: int, metrics: dict) -> None:
-        """Buffer per-step metrics; flush every 25 steps and with each held-out evaluation."""
-        pending.append((step, metrics))
-        if len(pending) >= 25 or "valid_loss" in metrics:
-            run.log_metric_steps(pending)
-            pending.clear()
-
+    # per-step metrics written off the training loop, every 25 steps and with each held-out evaluation
+    log_metrics = BackgroundMetrics(run)
     model = config["nnet"]["models"][system]
-    summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics, log=log,
-                    objective=net.objective, extra=targets.extra, state_dir=state,
-                    parallel=checked_parallel(net.parallel), criterion=criterion, init=init)
-    run.log_metric_steps(pending)
+    try:
+        summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics,
+                        log=log, objective=net.objective, extra=targets.extra, state_dir=state,
+                        parallel=checked_parallel(net.parallel), criterion=criterion, init=init)
+    finally:
+        log_metrics.close()
     manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
                 "features": net.features, "cmvn": net.cmvn, "alignments": alignments, "init": net.init,

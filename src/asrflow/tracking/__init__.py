@@ -2,6 +2,7 @@
 
 from asrflow.tracking.mlflow_runs import (
     PARENT_ENV,
+    BackgroundMetrics,
     StageRun,
     end_pipeline_run,
     environment_info,
@@ -13,6 +14,7 @@ from asrflow.tracking.mlflow_runs import (
 
 __all__ = [
     "PARENT_ENV",
+    "BackgroundMetrics",
     "StageRun",
     "end_pipeline_run",
     "environment_info",

@@ -220,6 +220,40 @@ class StageRun:
             self.client.log_artifact(self.run_id, str(target))
 
 
+class BackgroundMetrics:
+    """Per-step metrics buffered and written to a :class:`StageRun` by a background thread, so a training loop
+    never waits for the tracking store: every ``every`` steps (and with any step that has ``flush_on``) the
+    buffer is handed to the thread; :meth:`close` writes what is left and waits for it."""
+
+    def __init__(self, run: StageRun, every: int = 25, flush_on: str = "valid_loss") -> None:
+        import queue
+        import threading
+
+        self.run, self.every, self.flush_on = run, every, flush_on
+        self.pending: list[tuple[int, Mapping[str, float]]] = []
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._write, name="mlflow-metrics", daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        while (steps := self.queue.get()) is not None:
+            self.run.log_metric_steps(steps)  # guarded: a failing store is a warning
+
+    def __call__(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.pending.append((step, dict(metrics)))
+        if len(self.pending) >= self.every or self.flush_on in metrics:
+            self.queue.put(self.pending)
+            self.pending = []
+
+    def close(self) -> None:
+        """Write the rest and wait for the thread."""
+        if self.pending:
+            self.queue.put(self.pending)
+            self.pending = []
+        self.queue.put(None)
+        self.thread.join()
+
+
 @contextmanager
 def stage_run(config: Mapping[str, Any], stage: str, parent_run_id: str | None = None,
               resolved_config: str | Path | None = None) -> Iterator[StageRun]:
