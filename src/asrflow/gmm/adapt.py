@@ -137,21 +137,27 @@ def update_transforms(results: list[SpeakerStats], transforms: dict[str, np.ndar
     return gains
 
 
-def adapted_matrices(shard: Shard, transforms: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-    """``(utt, adapted features)`` of a shard (a Dask task)."""
-    return list(zip(shard.utts, adapted(shard, transforms)))
+def write_adapted(item: tuple[Shard, str], transforms: dict[str, np.ndarray]) -> tuple[list[str], list[int], int]:
+    """Write a shard's adapted features to its own archive (a Dask task: the matrices never reach the driver);
+    its scp lines, frame counts and feature dimension."""
+    shard, ark = item
+    matrices = adapted(shard, transforms)
+    lines = write_ark(ark, zip(shard.utts, matrices))
+    return lines, [len(m) for m in matrices], matrices[0].shape[1] if matrices else 0
 
 
-def write_split(folder: Path, items: list[tuple[str, np.ndarray]], utt2spk: dict[str, str],
-                transforms: dict[str, np.ndarray]) -> None:
-    """A split's adapted features as a feature kind: ark/scp, frame counts, zero CMVN statistics, transforms."""
+def write_split(folder: Path, written: list[tuple[list[str], list[int], int]], utts: list[str],
+                utt2spk: dict[str, str], transforms: dict[str, np.ndarray]) -> None:
+    """A split's adapted features as a feature kind, from its shards' archives (``written``, in the order of
+    ``utts``): scp, frame counts, zero CMVN statistics, transforms."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(folder / "feats.scp", write_ark(folder / "feats.ark", items))
-    write_text_atomic(folder / "utt2num_frames", [f"{u} {len(m)}" for u, m in items])
-    dim = items[0][1].shape[1] if items else 0
+    write_text_atomic(folder / "feats.scp", [line for lines, _, _ in written for line in lines])
+    write_text_atomic(folder / "utt2num_frames",
+                      [f"{u} {n}" for u, n in zip(utts, (n for _, counts, _ in written for n in counts))])
+    dim = max((d for _, _, d in written), default=0)
     zero = np.zeros((2, dim + 1))
     zero[0, -1] = 1.0  # a count of one and zero sums: mean 0
-    speakers = sorted({utt2spk[u] for u, _ in items})
+    speakers = sorted({utt2spk[u] for u in utts})
     write_text_atomic(folder / "cmvn.scp", write_ark(folder / "cmvn.ark", [(s, zero) for s in speakers]))
     write_text_atomic(folder / "trans.txt", [f"{s} " + " ".join(f"{v:.6g}" for v in transforms[s].ravel())
                                              for s in speakers if s in transforms])
@@ -219,10 +225,13 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
             gain = update_transforms(results, transforms, cfg, identity)
             gains.append(round(float(np.mean(list(gain.values()))), 4) if gain else 0.0)
             failed = [f for r in results for f in r.failed]
-        matrices = run_sharded(client, adapted_matrices, shards, transforms, units=[len(s.utts) for s in shards],
-                               desc=f"fmllr-{split}-write", retries=config["dask"]["retries"])
+        (out / split).mkdir(parents=True, exist_ok=True)
+        arks = [str(out / split / f"feats.{i}.ark") for i in range(len(shards))]
+        written = run_sharded(client, write_adapted, list(zip(shards, arks)), transforms,
+                              units=[len(s.utts) for s in shards], desc=f"fmllr-{split}-write",
+                              retries=config["dask"]["retries"])
         utt2spk = {u: s for sh in shards for u, s in zip(sh.utts, sh.speakers)}
-        write_split(out / split, [m for part in matrices for m in part], utt2spk, transforms)
+        write_split(out / split, written, [u for sh in shards for u in sh.utts], utt2spk, transforms)
         kept = "its starting transform" if init_dir is not None else "the identity"
         report += [(split, "speaker", spk, f"kept {kept}: {why}") for spk, why in sorted(identity.items())]
         report += [(split, "utterance", utt, f"no statistics: {why}") for utt, why in sorted(failed)]
