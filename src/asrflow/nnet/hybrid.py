@@ -54,5 +54,5 @@ def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, g
     feats = features(shard)
     posteriors = batch_log_posteriors(network, feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
-                           graph_path, settings,
+                           graph_path, gmm.tm, settings,
                            lambda p, opts: transition_loglikes(p, priors, gmm.tid2pdf, opts.acoustic_scale))
