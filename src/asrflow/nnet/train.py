@@ -317,10 +317,13 @@ class _Run:
     def checkpoint_due(self) -> bool:
         """Whether ``checkpoint_minutes`` have passed since the last checkpoint, by learner 0's clock (every
         learner gets its answer: writing one is a collective)."""
-        due = [time.monotonic() - self.saved_at >= 60 * self.opts.checkpoint_minutes]
-        if self.world > 1:
-            dist.broadcast_object_list(due, src=0)
-        return bool(due[0])
+        due = time.monotonic() - self.saved_at >= 60 * self.opts.checkpoint_minutes
+        if self.world == 1:
+            return due
+        flag = torch.tensor([int(due)], dtype=torch.int32, device=self.device)
+        # through the strategy, so that a stuck learner fails the job naming it
+        self.strategy.collective("the checkpoint clock", dist.broadcast, flag, src=0)
+        return bool(flag.item())
 
     def save(self) -> None:
         """A checkpoint of every learner's state, written by learner 0."""
