@@ -37,7 +37,7 @@ def _two_workers():
 def yesno_data(tmp_path_factory, mirror, dask_client_1):
     tmp = tmp_path_factory.mktemp("yesno")
     os.environ["ASRFLOW_DATA_MIRROR"] = str(mirror)
-    config = make_config(tmp, corpus={"name": "yesno"}, features={"shard_utts": 7})
+    config = make_config(tmp, corpus={"name": "yesno"}, features={"shard_utts": 7, "compress": True})
     prepare_data(config, tmp / "data", dask_client_1, **QUIET)
     return config, tmp
 
@@ -58,7 +58,7 @@ def test_output_contract(yesno_data, dask_client_1) -> None:
     np.testing.assert_allclose(cmvn["global"][0, :-1], sum(train[k].astype(float).sum(0) for k in train), rtol=1e-6)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dim"] == 13 and manifest["splits"] == ["train", "test"]
-    # stored as Kaldi's compressed matrices (features.compress, on by default); CMVN above is of what is stored
+    # stored as Kaldi's compressed matrices (features.compress); the CMVN above is of what is stored
     ark, offset = next(iter(feats_scp_values(out))).rsplit(":", 1)
     with open(ark, "rb") as f:
         f.seek(int(offset))
