@@ -21,8 +21,8 @@ from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import add_word_penalty, kfst, khg
 
-_GRAPHS: dict[tuple, object] = {}
 LATTICE_BEAM = 1.0  # the decoders' lattices are never read beyond their best path: keep them narrow
+_GRAPHS: dict[tuple, object] = {}
 _PENALISED: dict[str, object] = {}
 
 
@@ -48,7 +48,13 @@ def gmm_decodable(model: GmmModel, feats: np.ndarray, scale: float):
     Every pdf is evaluated on every frame (:meth:`GmmModel.pdf_loglikes`): at the beams that matter
     this is a fraction of what evaluating the visited pdfs one at a time costs.
     """
-    return khg.DecodableCtc(np.ascontiguousarray(scale * model.pdf_loglikes(feats)[:, model.tid2pdf[1:]]))
+    return khg.DecodableCtc(transition_columns(model.pdf_loglikes(feats), model.tid2pdf, scale))
+
+
+def transition_columns(pdf_scores: np.ndarray, tid2pdf: np.ndarray, scale: float) -> np.ndarray:
+    """Scaled per-pdf (pseudo-)log-likelihoods laid out as the decoder reads an HCLG's: column ``t - 1`` for
+    transition id ``t`` (GMMs here, hybrids in :func:`asrflow.nnet.hybrid.transition_loglikes`)."""
+    return np.ascontiguousarray(scale * pdf_scores[:, tid2pdf[1:]], dtype=np.float32)
 
 
 @dataclass
@@ -163,10 +169,9 @@ def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
     start = time.perf_counter()
     feats = features(shard)
     loglikes = [model.pdf_loglikes(x) for x in feats]
-    columns = model.tid2pdf[1:]
     return decode_settings(list(shard.utts), [x.shape[0] for x in feats], loglikes, time.perf_counter() - start,
                            graph_path, model.tm, settings,
-                           lambda p, opts: np.ascontiguousarray(opts.acoustic_scale * p[:, columns]))
+                           lambda p, opts: transition_columns(p, model.tid2pdf, opts.acoustic_scale))
 
 
 def words_of(ids: list[int], id2word: list[str]) -> str:

@@ -20,7 +20,6 @@ from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
 from asrflow.gmm.train import estep_task
-from asrflow.gmm.update import sum_results
 
 
 def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path,
@@ -39,7 +38,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
             items = [(s, None) for s in shards]
             warm = run_sharded(client, estep_task, items, blob, "realign", opts, desc="warm-up")
             alignments = {u: a for r in warm for u, a in r.alignments.items()}
-            frames = sum_results(warm).frames
+            frames = sum(r.frames for r in warm)
             timings: dict[str, float] = {}
             for mode in ("realign", "accumulate"):
                 args = items if mode == "realign" else [(s, {u: alignments[u] for u in s.utts if u in alignments})

@@ -26,23 +26,6 @@ def merge_results(left: EStepResult, right: EStepResult) -> EStepResult:
                        left.seconds + right.seconds)
 
 
-def sum_results(results: list[EStepResult]) -> EStepResult:
-    """Sum shard statistics in shard order (deterministic); alignments and failures are not merged."""
-    first = results[0]
-    total = EStepResult(first.occ.copy(), first.x.copy(), first.x2.copy(), first.trans.copy(), first.like,
-                        first.frames, retried=first.retried, align_like=first.align_like)
-    for r in results[1:]:
-        total.occ += r.occ
-        total.x += r.x
-        total.x2 += r.x2
-        total.trans += r.trans
-        total.like += r.like
-        total.frames += r.frames
-        total.align_like += r.align_like
-        total.retried += r.retried
-    return total
-
-
 def split_gaussians(model: GmmModel, pdf_occs: np.ndarray, target: int, rng: np.random.Generator,
                     power: float = 0.25, perturb_factor: float = 0.01, min_count: float = 20.0) -> None:
     """``AmDiagGmm::SplitByCount`` with a seeded RNG (Kaldi's allocation, then ``DiagGmm::Split``).

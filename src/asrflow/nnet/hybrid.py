@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from asrflow.config.settings import Decoding
-from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
+from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings, transition_columns
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.nnet.inference import batch_log_posteriors, cached_network
@@ -37,8 +37,7 @@ def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-
 def transition_loglikes(log_post: np.ndarray, log_prior: np.ndarray, tid2pdf: np.ndarray,
                         acoustic_scale: float) -> np.ndarray:
     """Scaled pseudo-log-likelihoods with one column per transition id (column = tid − 1)."""
-    pseudo = acoustic_scale * (log_post - log_prior[None, :])
-    return np.ascontiguousarray(pseudo[:, tid2pdf[1:]], dtype=np.float32)
+    return transition_columns(log_post - log_prior[None, :], tid2pdf, acoustic_scale)
 
 
 def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
