@@ -41,7 +41,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
                  "features.compress", "features.{kind}"),
     "lang": ("lang",),
     # one system's section: adding or changing another system's does not retrain this one
-    "gmm": ("seed", "gmm.shard_utts", "gmm.{system}"),
+    "gmm": ("seed", "gmm.shard_utts", "gmm.hold_out", "nnet.valid_fraction", "nnet.hold_out", "gmm.{system}"),
     "align": ("gmm.shard_utts", "gmm.{system}"),
     # the first passes decode at fmllr.beam and fmllr.max_active with the decode section's scale and penalty
     "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode.acoustic_scale", "decode.insertion_penalty", "fmllr"),

@@ -11,10 +11,10 @@ import pytest
 from asrflow.config.schema import ConfigError
 from asrflow.data import read_data_dir
 from asrflow.data.datadir import extra_utterances, own_texts
+from asrflow.data.holdout import held_out_utterances
 from asrflow.data.stage import prepare_data
 from asrflow.decode.tune import held_out_lang
 from asrflow.lang.stage import prepare_lang
-from asrflow.nnet.stage import held_out_utterances
 
 from ..conftest import make_config, write_wav
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from asrflow.data.holdout import held_out_speakers
 from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, spread, tuned_settings, visit
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
-from asrflow.nnet.stage import held_out_speakers
 
 
 def test_grid_is_row_major_over_the_axes() -> None:

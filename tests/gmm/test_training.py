@@ -15,6 +15,7 @@ import soundfile as sf
 from asrflow.cluster import dask_client
 from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_table
+from asrflow.data.holdout import held_out_utterances
 from asrflow.data.stage import prepare_data
 from asrflow.decode.stage import make_graph
 from asrflow.features.ark import load, read_scp
@@ -99,6 +100,36 @@ def test_a_monophone_on_a_subset_aligns_every_utterance(yesno, dask_client_1, tm
     assert (manifest["trained_on"], manifest["utterances"], manifest["aligned"]) == (10, 31, 31)
     assert len(read_alignments(tmp_path / "mono" / "ali" / "transition_ids.txt")) == 31
     assert run.steps == list(range(6))
+
+
+def test_gmms_train_without_the_networks_held_out_utterances_and_align_them_after(yesno, dask_client_1,
+                                                                                  tmp_path) -> None:
+    """gmm.hold_out: the utterances the networks hold out (decoder tuning decodes them) are left out of GMM
+    training and aligned with the trained model, so the networks still have their validation alignments."""
+    config, shards, lang = yesno
+    root = lang.parent
+    counts = {}
+    for hold_out in (True, False):
+        cfg = make_config(root, corpus={"name": "yesno"}, features={"kinds": ["mfcc"]}, audio={"sample_rate": 8000},
+                          gmm={"hold_out": hold_out, "mono": SMALL["mono"]}, nnet={"valid_fraction": 0.2})
+        manifest = train_system(cfg, "mono", "train", root / "data", root / "mfcc", lang,
+                                tmp_path / f"mono{hold_out}", dask_client_1, _Run(), log=QUIET)
+        counts[hold_out] = (manifest["trained_on"], manifest["held_out"], manifest["aligned"])
+        assert set(read_alignments(tmp_path / f"mono{hold_out}" / "ali" / "transition_ids.txt")) >= (
+            held_out_utterances(cfg, root / "data", "train"))
+    held = len(held_out_utterances(cfg, root / "data", "train"))
+    assert held == round(0.2 * 31)
+    assert counts == {True: (31 - held, held, 31), False: (31, 0, 31)}
+    # the triphones too: tri on Δ+ΔΔ, lda through its own projection
+    small = {"iterations": 4, "realign_iterations": [2], "leaves": 30, "gaussians": 150, "min_leaf_count": 20}
+    cfg = make_config(root, corpus={"name": "yesno"}, features={"kinds": ["mfcc"]}, audio={"sample_rate": 8000},
+                      gmm={"tri": small, "lda": {**small, "mllt_iterations": [2]}}, nnet={"valid_fraction": 0.2})
+    source = tmp_path / "monoTrue"
+    for system in ("tri", "lda"):
+        manifest = train_system(cfg, system, "train", root / "data", root / "mfcc", lang, tmp_path / system,
+                                dask_client_1, _Run(), source_dir=source, log=QUIET)
+        assert (manifest["trained_on"], manifest["held_out"], manifest["aligned"]) == (31 - held, held, 31)
+        source = tmp_path / system
 
 
 def test_same_model_with_two_workers_and_a_killed_worker(yesno, dask_client_1) -> None:

@@ -160,8 +160,8 @@ def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_di
     ``system`` (the model in ``model_dir``; ``<gmm>_fmllr``, ``adapted``, on its adapted features) chosen on the
     networks' held-out utterances, decoded with the held-out LM through an HCLG built here.
 
-    The GMM was trained on those utterances (the networks were not), so its acoustic scores
-    there are somewhat more confident than on new speech.
+    With ``gmm.hold_out`` (the default) the GMM was not trained on those utterances either; without it, its
+    acoustic scores there are more confident than on new speech, and tuning picks too small a scale.
     """
     from asrflow.decode.stage import decode_gmm, make_graph
     from asrflow.gmm.lda import gmm_features
@@ -189,9 +189,9 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     per grid point through it (per shard, one result per point). ``features``: how the system reads
     its features (keyword arguments of :func:`~asrflow.gmm.shards.split_shards`).
     """
+    from asrflow.data.holdout import held_out_utterances
     from asrflow.gmm.shards import split_shards
     from asrflow.nnet import NnetError
-    from asrflow.nnet.stage import held_out_utterances
 
     out.mkdir(parents=True, exist_ok=True)
     points = grid_points(tune, axes)

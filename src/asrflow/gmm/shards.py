@@ -66,11 +66,14 @@ def subset_utterances(frames: dict[str, int], utt2spk: dict[str, str], count: in
     return set([u for turn in turns for u in turn if u is not None][:count])
 
 
-def split_subset(data_dir: str | Path, feats_dir: str | Path, split: str, count: int, by: str) -> set[str] | None:
-    """The utterances of ``split`` with features that :func:`subset_utterances` picks (their frame counts from
-    ``utt2num_frames``); None when ``count`` covers them all."""
+def split_subset(data_dir: str | Path, feats_dir: str | Path, split: str, count: int, by: str,
+                 only: set[str] | None = None) -> set[str] | None:
+    """The utterances of ``split`` with features (those in ``only`` if given) that :func:`subset_utterances` picks
+    (their frame counts from ``utt2num_frames``); None when ``count`` covers them all."""
     lengths = {u: int(n) for u, n in read_table(Path(feats_dir) / split / "utt2num_frames").items()}
     utts = set(read_table(Path(data_dir) / split / "text")) & set(lengths)
+    if only is not None:
+        utts &= only
     if count >= len(utts):
         return None
     utt2spk = read_table(Path(data_dir) / split / "utt2spk")

@@ -26,7 +26,8 @@ import numpy as np
 
 from asrflow.config import SAT_SOURCES
 from asrflow.config.paths import Paths
-from asrflow.data.datadir import read_data_dir
+from asrflow.data.datadir import read_data_dir, read_table
+from asrflow.data.holdout import gmm_training_utterances
 from asrflow.features import Projection
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.lda import gmm_features
@@ -147,24 +148,38 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     return manifest
 
 
-def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, client: Any,
-                on_metrics: Any, log: Any) -> tuple[TrainResult, int]:
-    """The monophone on ``shards`` or, with ``gmm.mono.subset``, on that many of their utterances, then every
-    utterance aligned with it for the next system (``align_si.sh``); the result and how many it trained on."""
+def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, only: set[str] | None,
+                client: Any, on_metrics: Any, log: Any) -> tuple[TrainResult, int]:
+    """The monophone on ``shards`` (the utterances ``only``, or all) or, with ``gmm.mono.subset``, on that many of
+    them, then all of them aligned with it for the next system (``align_si.sh``); the result and how many it
+    trained on."""
     cfg = config["gmm"]["mono"]
-    subset = split_subset(paths.data, paths.features, train, cfg["subset"], cfg["subset_by"]) if cfg["subset"] else None
+    subset = (split_subset(paths.data, paths.features, train, cfg["subset"], cfg["subset_by"], only=only)
+              if cfg["subset"] else None)
     if subset is None:
         return train_mono(config, shards, paths.lang, client, on_metrics, log), sum(len(s.utts) for s in shards)
     few = split_shards(paths.data, paths.features, paths.lang, train, config["gmm"]["shard_utts"], only=subset)
     result = train_mono(config, few, paths.lang, client, on_metrics, log)
-    start = time.perf_counter()
-    result.alignments, result.failed, _ = align_shards(client, shards, result.model,
-                                                       AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
-                                                       config["dask"]["retries"], f"align-{train}")
-    result.seconds += time.perf_counter() - start
+    _align_more(config, "mono", result, shards, train, client)
     log(f"mono: trained on {len(subset)} utterances ({cfg['subset_by']}), aligned {len(result.alignments)} of "
         f"{sum(len(s.utts) for s in shards)}")
     return result, len(subset)
+
+
+def _align_more(config: dict[str, Any], system: str, result: TrainResult, shards: list, split: str,
+                client: Any) -> None:
+    """Align the utterances of ``shards`` with the trained ``result.model`` (``align_si.sh``) and add them to its
+    alignments and failures, and the time to its seconds."""
+    if not shards:
+        return
+    cfg = config["gmm"][system]
+    start = time.perf_counter()
+    alignments, failed, _ = align_shards(client, shards, result.model,
+                                         AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
+                                         config["dask"]["retries"], f"align-{split}")
+    result.alignments.update(alignments)
+    result.failed = {u: r for u, r in {**result.failed, **failed}.items() if u not in alignments}
+    result.seconds += time.perf_counter() - start
 
 
 def train_system(config: dict[str, Any], system: str, train: str, data_dir: str | Path, feats_dir: str | Path,
@@ -184,16 +199,19 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         run.log_metrics({f"{system}.{k}": v for k, v in metrics.items()}, step=step)
 
-    def shards_through(projection: Projection | None) -> list:
-        return split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=0, projection=projection)
+    only = gmm_training_utterances(config, data_dir, train)  # the networks' held-out utterances left out
+
+    def shards_through(projection: Projection | None, utts: set[str] | None = only) -> list:
+        return split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=0, projection=projection,
+                            only=utts)
 
     # lda splices the static MFCCs itself; sat reads adapted features as they are
-    shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts,
-                          deltas=0 if system in ("lda", *SAT_SOURCES) else 2)
+    deltas = 0 if system in ("lda", *SAT_SOURCES) else 2
+    shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=deltas, only=only)
     trained_on = sum(len(s.utts) for s in shards)
     if system == "mono":
         result, trained_on = _train_mono(config, shards, Paths(out, Path(data_dir), Path(feats_dir), lang_dir), train,
-                                         client, on_metrics, log)
+                                         only, client, on_metrics, log)
     else:
         if source_dir is None:
             raise ValueError(f"the {system} system needs the folder of the system whose alignments start it")
@@ -205,6 +223,13 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
             result = train_tri(config, shards, lang_dir, source, source_ali, client, on_metrics, log, system=system)
         if system in SAT_SOURCES:  # its unadapted features are its source's (the fmllr stage adapts them)
             result.projection = Projection.load(source_dir)
+    if only is not None:  # the held-out utterances aligned for the networks' validation
+        held = set(read_table(Path(data_dir) / train / "text")) - only
+        if deltas:
+            held_shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, only=held)
+        else:
+            held_shards = shards_through(result.projection if system == "lda" else None, held)
+        _align_more(config, system, result, held_shards, train, client)
     result.model.save(out)
     if result.projection is not None:
         result.projection.save(out)
@@ -223,8 +248,9 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                 # means, variances and weights of every Gaussian
                 "parameters": result.model.am.num_gauss * (2 * result.model.am.dim + 1),
                 "aligned": len(result.alignments), "failed": len(result.failed),
-                "seconds": round(result.seconds, 3), "utterances": sum(len(s.utts) for s in shards),
-                "trained_on": trained_on, **result.info}
+                "seconds": round(result.seconds, 3),
+                "utterances": sum(len(s.utts) for s in shards) + (len(held) if only is not None else 0),
+                "trained_on": trained_on, "held_out": len(held) if only is not None else 0, **result.info}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"{system}: {manifest['pdfs']} pdfs, {manifest['gaussians']} Gaussians, {manifest['aligned']} aligned, "
         f"{manifest['failed']} failed, {manifest['seconds']:.1f} s")

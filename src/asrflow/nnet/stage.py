@@ -31,7 +31,8 @@ from asrflow.config import model_cmvn, model_train, settings
 from asrflow.config.paths import Paths
 from asrflow.config.settings import Parallel, Training
 from asrflow.config.sizes import network_config
-from asrflow.data.datadir import own_texts, read_table
+from asrflow.data.datadir import read_table
+from asrflow.data.holdout import held_out_utterances
 from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset, read_int_archive
@@ -74,43 +75,6 @@ def checked_parallel(opts: Parallel) -> Parallel:
         raise NnetError(f"nnet.parallel.learners is {opts.learners} but {world} learner process(es) are running; "
                         f"start them with torchrun --nproc-per-node {opts.learners}")
     return opts
-
-
-def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
-    """A seeded random ``fraction`` of the training utterances (at least one) for validation."""
-    count = max(1, round(fraction * len(utterances)))
-    order = np.random.default_rng(seed).permutation(len(utterances))
-    ordered = sorted(utterances)
-    return {ordered[i] for i in order[:count]}
-
-
-def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_split: str) -> set[str]:
-    """The training utterances every network of ``config`` holds out of training (early stopping, decoder tuning):
-    the experiment's own corpus's, never a ``corpus.extra_training`` one (tuning decodes them with its LM).
-    ``nnet.hold_out`` ``speakers``: all the utterances of a seeded random choice of speakers, so that tuning
-    meets voices that training did not."""
-    utts = sorted(own_texts(Path(data_dir) / train_split))
-    fraction, seed = config["nnet"]["valid_fraction"], config["seed"]
-    if config["nnet"]["hold_out"] == "utterances":
-        return held_out(utts, fraction, seed)
-    utt2spk = read_table(Path(data_dir) / train_split / "utt2spk")
-    return held_out_speakers(utts, utt2spk, fraction, seed)
-
-
-def held_out_speakers(utterances: list[str], utt2spk: dict[str, str], fraction: float, seed: int) -> set[str]:
-    """Every utterance of seeded random speakers, taken until they hold ``fraction`` of the utterances (at least
-    one speaker; never all of them when there are two or more)."""
-    speakers = sorted({utt2spk[u] for u in utterances})
-    order = np.random.default_rng(seed).permutation(len(speakers))
-    by_speaker: dict[str, list[str]] = {}
-    for u in utterances:
-        by_speaker.setdefault(utt2spk[u], []).append(u)
-    chosen: set[str] = set()
-    for i in order[: max(1, len(speakers) - 1)]:
-        chosen.update(by_speaker[speakers[i]])
-        if len(chosen) >= fraction * len(utterances):
-            break
-    return chosen
 
 
 def hybrid_targets(gmm_dir: Path, alignments: Path | None = None) -> Targets:
