@@ -23,6 +23,7 @@ from asrflow.workflow import (
     optional_args,
     parallel_study_targets,
     per_attempt,
+    job_resource,
     compare_targets,
     pipeline_finished,
     pipeline_started,

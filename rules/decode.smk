@@ -59,6 +59,9 @@ rule decode:
         fingerprint=stage_fingerprint(config, "decode"),
         optional=lambda wildcards, input: optional_args(input, "tune"),
     threads: dask_threads(config, workflow.cores)
+    resources:
+        mem_mb=job_resource("decode", "mem_mb", reads="test"),  # MB (sbatch --mem)
+        runtime=job_resource("decode", "runtime", reads="test"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
     benchmark:
@@ -84,6 +87,9 @@ rule decode_nnet:
         fingerprint=lambda wildcards: decode_nnet_fingerprint(config, wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "tune"),
     threads: dask_threads(config, workflow.cores)
+    resources:
+        mem_mb=job_resource("decode", "mem_mb", reads="test"),  # MB (sbatch --mem)
+        runtime=job_resource("decode", "runtime", reads="test"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
     benchmark:
@@ -109,6 +115,9 @@ rule tune_nnet:
         fingerprint=lambda wildcards: stage_fingerprint(config, "tune", system=wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph"),
     threads: dask_threads(config, workflow.cores)
+    resources:
+        mem_mb=job_resource("tune", "mem_mb", reads="train"),  # MB (sbatch --mem)
+        runtime=job_resource("tune", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     log:
         f"{RESULTS}/logs/tune.{{train}}.{{system}}.log",
     benchmark:
@@ -135,6 +144,9 @@ rule tune_gmm:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "tune_gmm"),
     threads: dask_threads(config, workflow.cores)
+    resources:
+        mem_mb=job_resource("tune", "mem_mb", reads="train"),  # MB (sbatch --mem)
+        runtime=job_resource("tune", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     log:
         f"{RESULTS}/logs/tune.{{train}}.{{system}}.log",
     benchmark:

@@ -13,8 +13,8 @@ rule features:
         fingerprint=lambda wildcards: stage_fingerprint(config, "features", wildcards.kind),
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
-        runtime=per_attempt(60),  # minutes (sbatch -t)
+        mem_mb=job_resource("features", "mem_mb"),  # MB (sbatch --mem)
+        runtime=job_resource("features", "runtime"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     log:
         f"{RESULTS}/logs/features.{{kind}}.log",
     benchmark:

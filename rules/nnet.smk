@@ -20,8 +20,8 @@ rule nnet:
         optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang", "init"),
     threads: nnet_threads(config, workflow.cores)
     resources:
-        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
-        runtime=per_attempt(720),  # minutes (sbatch -t)
+        mem_mb=job_resource("nnet", "mem_mb", reads="network", config=config),  # MB (sbatch --mem)
+        runtime=job_resource("nnet", "runtime", reads="network", config=config),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
         nodes=lambda wildcards: launch_resources(config, wildcards.system)["nodes"],
         tasks=lambda wildcards: launch_resources(config, wildcards.system)["tasks"],
         mpi=lambda wildcards: launch_resources(config, wildcards.system)["mpi"],

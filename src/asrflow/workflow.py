@@ -10,10 +10,13 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from asrflow.config import (
     write_resolved,
 )
 from asrflow.config.schema import reapply_replaced
+from asrflow.data.perturb import perturbed_split
 
 #: Config sections (dotted) each stage reads; ``{kind}`` is the feature kind.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -67,6 +71,64 @@ def parallel_settings(config: dict[str, Any], system: str) -> dict[str, Any]:
 def per_attempt(base: int) -> Callable[..., int]:
     """A rule resource that grows with each retry: ``base`` × attempt (mem_mb, runtime in minutes)."""
     return lambda wildcards, attempt: base * attempt
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """What a job needs for the audio it reads: ``mem_mb`` (MB) and ``minutes`` (wall minutes on one thread),
+    each ``(base, per hour of audio)``."""
+
+    mem_mb: tuple[float, float]
+    minutes: tuple[float, float]
+
+
+#: Per stage, the job's memory and time as ``base + per_hour × hours``: mem_mb for the whole job (its local Dask
+#: workers included), runtime divided by its threads (a network's multiplied by its epochs). Measured on
+#: speechocean762 (2.9 h train, 8.7 h train_sp, 2.7 h test; two cores): a job's peak memory is 0.8-1.9 GB
+#: (fmllr 3.7 GB), its core-minutes per hour 0.1 (features, align), 2-4 (gmm), 4-8 (fmllr), 13 (decode), 4 a
+#: network epoch on CPU; the bases hold start-up and the per-hour rates are about three times the measured.
+JOB_COSTS: dict[str, JobCost] = {
+    "features": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
+    "gmm": JobCost(mem_mb=(3000, 20), minutes=(20, 10)),
+    "align": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
+    "fmllr": JobCost(mem_mb=(4000, 20), minutes=(20, 20)),
+    "decode": JobCost(mem_mb=(2000, 10), minutes=(10, 40)),
+    "tune": JobCost(mem_mb=(2000, 10), minutes=(30, 20)),
+    "nnet": JobCost(mem_mb=(4000, 20), minutes=(30, 12)),
+}
+
+
+def audio_hours(data_dir: str | Path, splits: list[str] | None = None) -> float:
+    """Hours of audio in ``splits`` (None: every split) of the data stage's ``manifest.json``."""
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))["splits"]
+    return sum(info["hours"] for name, info in manifest.items() if splits is None or name in splits)
+
+
+def job_resource(stage: str, kind: str, reads: str = "all", config: dict[str, Any] | None = None) -> Callable[..., int]:
+    """A rule's ``mem_mb`` or ``runtime`` (``kind``) from :data:`JOB_COSTS` and the hours of audio the job
+    reads, times the attempt (a retry gets twice as much). ``reads``: ``all`` (every split), ``train``
+    (``{train}``), ``copies`` (``{train}``'s speed-perturbed copies), ``test`` (``{test}``) or ``network``
+    (the split network ``{system}`` of ``config`` trains on, its time times its epochs). Snakemake evaluates
+    it once the data stage has written its manifest."""
+    cost = JOB_COSTS[stage]
+
+    def value(wildcards: Any, input: Any, threads: int, attempt: int) -> int:
+        splits = {"all": None, "train": [getattr(wildcards, "train", "")],
+                  "copies": [perturbed_split(getattr(wildcards, "train", ""))],
+                  "test": [getattr(wildcards, "test", "")]}.get(reads)
+        times = 1.0
+        if reads == "network":
+            train = model_train(config, wildcards.system)
+            splits = [perturbed_split(wildcards.train) if train["speed_perturb"] else wildcards.train]
+            times = train["epochs"]
+        hours = audio_hours(input.data, splits)
+        if kind == "mem_mb":
+            base, rate = cost.mem_mb
+            return math.ceil((base + rate * hours) * attempt)
+        base, rate = cost.minutes
+        return math.ceil((base + rate * hours * times / max(threads, 1)) * attempt)
+
+    return value
 
 
 def dask_threads(config: dict[str, Any], cores: int) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from asrflow.cluster.client import slurm_options
 from asrflow.cluster.launch import LaunchError, expand_nodelist, launch_command, per_node, rendezvous_port
-from asrflow.workflow import dask_threads, launch_resources, per_attempt, stage_fingerprint
+from asrflow.workflow import JOB_COSTS, dask_threads, job_resource, launch_resources, per_attempt, stage_fingerprint
 from tests.conftest import make_config
 
 TRAIN = ["asrflow", "nnet", "--system", "dnn"]
@@ -80,6 +80,34 @@ def test_training_job_resources(tmp_path) -> None:
 
 def test_memory_and_time_grow_on_the_retry() -> None:
     assert [per_attempt(4000)(None, attempt) for attempt in (1, 2, 3)] == [4000, 8000, 12000]
+
+
+def test_memory_and_time_follow_the_hours_of_audio_a_job_reads(tmp_path) -> None:
+    """JOB_COSTS: base + per-hour rate × the hours of the splits the job reads (data/manifest.json), the time
+    over its threads and times a network's epochs, and all of it doubled on the retry."""
+    import json
+    from types import SimpleNamespace
+
+    data = tmp_path / "data"
+    data.mkdir()
+    splits = {"train": {"hours": 100.0}, "train_sp": {"hours": 300.0}, "test": {"hours": 10.0}}
+    (data / "manifest.json").write_text(json.dumps({"splits": splits}))
+    files = SimpleNamespace(data=str(data))
+    wildcards = SimpleNamespace(train="train", test="test", system="tdnn")
+    gmm, decode, fmllr = JOB_COSTS["gmm"], JOB_COSTS["decode"], JOB_COSTS["fmllr"]
+    assert job_resource("gmm", "mem_mb", reads="train")(wildcards, files, 2, 1) == gmm.mem_mb[0] + 100 * gmm.mem_mb[1]
+    assert job_resource("gmm", "runtime", reads="train")(wildcards, files, 4, 2) == 2 * (
+        gmm.minutes[0] + 100 * gmm.minutes[1] / 4)
+    assert job_resource("decode", "runtime", reads="test")(wildcards, files, 1, 1) == (
+        decode.minutes[0] + 10 * decode.minutes[1])
+    assert job_resource("fmllr", "mem_mb")(wildcards, files, 1, 1) == fmllr.mem_mb[0] + 410 * fmllr.mem_mb[1]
+    config = make_config(tmp_path, audio={"speed_perturb": [0.9, 1.0, 1.1]},
+                         nnet={"models": {"tdnn": {"type": "cnn", "train": {"epochs": 3, "speed_perturb": True}}}})
+    nnet = JOB_COSTS["nnet"]
+    assert job_resource("nnet", "runtime", reads="network", config=config)(wildcards, files, 1, 1) == (
+        nnet.minutes[0] + 300 * 3 * nnet.minutes[1])
+    with pytest.raises(FileNotFoundError):  # before the data stage: Snakemake waits for the manifest
+        job_resource("gmm", "mem_mb", reads="train")(wildcards, SimpleNamespace(data=str(tmp_path / "no")), 1, 1)
 
 
 def test_launch_settings_do_not_retrain(tmp_path) -> None:
