@@ -15,10 +15,11 @@ rule gmm:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "gmm", system=wildcards.system),
         source=lambda wildcards, input: optional_args(input, "source"),
+        state=lambda wildcards: f"{RESULTS}/gmm_state/{wildcards.train}/{wildcards.system}",  # survives a failure
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
-        runtime=per_attempt(240),  # minutes (sbatch -t)
+        mem_mb=job_resource("gmm", "mem_mb", reads="train"),  # MB (sbatch --mem)
+        runtime=job_resource("gmm", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     priority: 10
     log:
         f"{RESULTS}/logs/gmm.{{train}}.{{system}}.log",
@@ -29,7 +30,7 @@ rule gmm:
     shell:
         "asrflow gmm --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --data {input.data} --features {input.features} --lang {input.lang} {params.source}"
-        " --out {output} --workers {threads} > {log} 2>&1"
+        " --state {params.state} --out {output} --workers {threads} > {log} 2>&1"
 
 
 # Speed-perturbed copies of a training split (audio.speed_perturb) aligned by its trained
@@ -49,8 +50,8 @@ rule align:
         split=lambda wildcards: perturbed_split(wildcards.train),
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
-        runtime=per_attempt(120),  # minutes (sbatch -t)
+        mem_mb=job_resource("align", "mem_mb", reads="copies"),  # MB (sbatch --mem)
+        runtime=job_resource("align", "runtime", reads="copies"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     priority: 10
     log:
         f"{RESULTS}/logs/align.{{train}}.{{system}}.log",
@@ -83,8 +84,8 @@ rule fmllr:
         optional=lambda wildcards, input: optional_args(input, "alignments", "init"),
     threads: dask_threads(config, workflow.cores)
     resources:
-        mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
-        runtime=per_attempt(120),  # minutes (sbatch -t)
+        mem_mb=job_resource("fmllr", "mem_mb"),  # MB (sbatch --mem)
+        runtime=job_resource("fmllr", "runtime"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
     priority: 10
     log:
         f"{RESULTS}/logs/fmllr.{{train}}.{{system}}.log",

@@ -22,10 +22,12 @@ from asrflow.features.ark import load, read_scp
 from asrflow.features.stage import extract_features
 from asrflow.gmm import fmllr
 from asrflow.gmm.adapt import adapt_splits, read_transforms
+from asrflow.gmm.alignments import read_alignments
 from asrflow.gmm.estep import features
 from asrflow.gmm.lda import gmm_features
+from asrflow.gmm.resume import GmmState
 from asrflow.gmm.shards import split_shards, subset_utterances
-from asrflow.gmm.stage import align_split, read_alignments, train_system, write_alignments
+from asrflow.gmm.stage import align_split, save_alignments, train_system
 from asrflow.gmm.train import train_lda, train_mono, train_tri
 from asrflow.lang.stage import prepare_lang
 
@@ -98,7 +100,7 @@ def test_a_monophone_on_a_subset_aligns_every_utterance(yesno, dask_client_1, tm
     manifest = train_system(subset, "mono", "train", root / "data", root / "mfcc", lang, tmp_path / "mono",
                             dask_client_1, run, log=QUIET)
     assert (manifest["trained_on"], manifest["utterances"], manifest["aligned"]) == (10, 31, 31)
-    assert len(read_alignments(tmp_path / "mono" / "ali" / "transition_ids.txt")) == 31
+    assert len(read_alignments(tmp_path / "mono" / "ali")) == 31
     assert run.steps == list(range(6))
 
 
@@ -115,7 +117,7 @@ def test_gmms_train_without_the_networks_held_out_utterances_and_align_them_afte
         manifest = train_system(cfg, "mono", "train", root / "data", root / "mfcc", lang,
                                 tmp_path / f"mono{hold_out}", dask_client_1, _Run(), log=QUIET)
         counts[hold_out] = (manifest["trained_on"], manifest["held_out"], manifest["aligned"])
-        assert set(read_alignments(tmp_path / f"mono{hold_out}" / "ali" / "transition_ids.txt")) >= (
+        assert set(read_alignments(tmp_path / f"mono{hold_out}" / "ali")) >= (
             held_out_utterances(cfg, root / "data", "train"))
     held = len(held_out_utterances(cfg, root / "data", "train"))
     assert held == round(0.2 * 31)
@@ -166,6 +168,35 @@ def test_same_model_with_two_workers_and_a_killed_worker(yesno, dask_client_1) -
     assert all((result.alignments[u] == reference.alignments[u]).all() for u in reference.alignments)
 
 
+class _Stopped(Exception):
+    """The job dying after an iteration."""
+
+
+def test_a_gmm_job_that_dies_goes_on_from_its_last_iteration(yesno, dask_client_1, tmp_path) -> None:
+    """The state saved after every iteration: a rerun after a failure at iteration 3 starts at iteration 4 and
+    ends with the model and alignments of an uninterrupted run; a state of other settings is not resumed."""
+    config, shards, lang = yesno
+    reference, _ = _train(config, shards, lang, dask_client_1)
+
+    def stop_after_3(step: int, metrics: dict) -> None:
+        if step == 3:
+            raise _Stopped
+
+    with pytest.raises(_Stopped):
+        train_mono(config, shards, lang, dask_client_1, stop_after_3, QUIET, GmmState(tmp_path, "mono-a", QUIET))
+    steps: list[int] = []
+    result = train_mono(config, shards, lang, dask_client_1, lambda i, m: steps.append(i), QUIET,
+                        GmmState(tmp_path, "mono-a", QUIET))
+    assert steps == [4, 5]
+    assert result.model.to_bytes() == reference.model.to_bytes()
+    assert all((result.alignments[u] == reference.alignments[u]).all() for u in reference.alignments)
+    assert len(list(tmp_path.glob("ali.*.scp"))) == 1  # only the archive the state refers to
+    steps.clear()
+    train_mono(config, shards, lang, dask_client_1, lambda i, m: steps.append(i), QUIET,
+               GmmState(tmp_path, "mono-b", QUIET))
+    assert steps == list(range(6))  # other settings: from the start
+
+
 def _speech_start(phones: list[str]) -> int:
     """The first frame of a non-silence phone."""
     return next(i for i, p in enumerate(phones) if not p.startswith("SIL"))
@@ -179,11 +210,12 @@ def test_speed_perturbed_copies_align_where_their_audio_moved(yesno, dask_client
     manifest = align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
                            tmp_path / "align", dask_client_1, log=QUIET)
     assert (manifest["utterances"], manifest["aligned"], manifest["failed"]) == (93, 93, 0)
-    ali = read_alignments(tmp_path / "align" / "ali" / "transition_ids.txt")
+    ali = read_alignments(tmp_path / "align" / "ali")
     frames = {u: int(n) for u, n in read_table(root / "mfcc" / "train_sp" / "utt2num_frames").items()}
     assert all(len(ali[u]) == frames[u] for u in frames)
-    phones = {line.split()[0]: line.split()[1:]
-              for line in (tmp_path / "align" / "ali" / "phones.txt").read_text().splitlines()}
+    id2phone = {i: p for p, i in read_table(lang / "phones.txt").items()}
+    phones = {u: [id2phone[str(i)] for i in ids]
+              for u, ids in read_alignments(tmp_path / "align" / "ali", "phones").items()}
     for factor in (0.9, 1.1):
         # the audio plays `factor` times as fast: a copy is 1/factor as long, and its speech starts 1/factor as late
         ratios = [frames[f"sp{factor}-{u}"] / frames[u] for u in result.alignments]
@@ -201,7 +233,7 @@ def test_fmllr_features_of_training_copies_and_test_speakers(yesno, dask_client_
     root = lang.parent
     result, _ = _train(config, shards, lang, dask_client_1)
     result.model.save(tmp_path / "mono")
-    write_alignments(tmp_path / "mono" / "ali", result.model, result.alignments, lang / "phones.txt")
+    save_alignments(tmp_path / "mono" / "ali", result.model, result.alignments)
     make_graph(lang, tmp_path / "mono", tmp_path / "graph", log=QUIET)
     align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
                 tmp_path / "align", dask_client_1, log=QUIET)
@@ -238,7 +270,7 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
                                                          "gaussians": 200, "min_leaf_count": 20}}}
     mono, _ = _train(config, shards, lang, dask_client_1)
     mono.model.save(tmp_path / "mono")
-    write_alignments(tmp_path / "mono" / "ali", mono.model, mono.alignments, lang / "phones.txt")
+    save_alignments(tmp_path / "mono" / "ali", mono.model, mono.alignments)
     make_graph(lang, tmp_path / "mono", tmp_path / "graph_mono", log=QUIET)
     mfcc = Paths(out=tmp_path / "fmllr_mono", data=root / "data", features=root / "mfcc", lang=lang)
     align_split(config, "mono", tmp_path / "mono", "train_sp", root / "data", root / "mfcc", lang,
@@ -251,7 +283,7 @@ def test_sat_trains_on_adapted_features_and_its_transforms_start_from_the_source
                     system="sat")
     assert len(sat.alignments) == 31 and sat.model.am.num_pdfs > mono.model.am.num_pdfs
     sat.model.save(tmp_path / "sat")
-    write_alignments(tmp_path / "sat" / "ali", sat.model, sat.alignments, lang / "phones.txt")
+    save_alignments(tmp_path / "sat" / "ali", sat.model, sat.alignments)
     # the speed-perturbed copies aligned by sat on their source-adapted features (align_fmllr.sh)
     copies = align_split(config, "sat", tmp_path / "sat", "train_sp", root / "data", tmp_path / "fmllr_mono", lang,
                          tmp_path / "align_sat", dask_client_1, log=QUIET)
@@ -300,6 +332,19 @@ def test_lda_mllt_system_trains_on_projected_features_from_the_tri_alignments(ye
     lda.projection.save(tmp_path)
     again = split_shards(root / "data", root / "mfcc", lang, "train", 4, **gmm_features(tmp_path))
     np.testing.assert_allclose(features(again[0])[0], lda.projection(features(through(None)[0])[0]), atol=1e-4)
+    # stopped after its first MLLT update (iteration 2) and rerun: it goes on through the projection reached
+    def stop_after_2(step: int, metrics: dict) -> None:
+        if step == 2:
+            raise _Stopped
+
+    with pytest.raises(_Stopped):
+        train_lda(config, through, lang, tri.model, tri.alignments, dask_client_1, stop_after_2, QUIET,
+                  GmmState(tmp_path / "state", "lda", QUIET))
+    resumed = train_lda(config, through, lang, tri.model, tri.alignments, dask_client_1, lambda *_: None, QUIET,
+                        GmmState(tmp_path / "state", "lda", QUIET))
+    np.testing.assert_allclose(resumed.projection.matrix, lda.projection.matrix, atol=1e-6)
+    assert resumed.info["mllt_gain_per_frame"] == lda.info["mllt_gain_per_frame"]
+    assert resumed.model.to_bytes() == lda.model.to_bytes()
 
 
 def test_gmm_decodes_search_every_pdfs_likelihoods_and_find_what_kaldis_lattice_decoder_finds(yesno, dask_client_1,

@@ -63,3 +63,12 @@ def kill_at_first_checkpoint(training: subprocess.Popen, ckpt: Path) -> Path:
     os.kill(training.pid, signal.SIGKILL)
     training.wait()
     return ckpt
+
+
+def read_int_archive(path: str | Path) -> dict[str, np.ndarray]:
+    """A Kaldi text archive of integer vectors (``utt 1 2 3``), per utterance."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        utt, *values = line.split()
+        out[utt] = np.asarray(values, dtype=np.int64)
+    return out

@@ -10,9 +10,10 @@ import torch
 
 from asrflow.data.stage import prepare_data
 from asrflow.features.stage import extract_features
-from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, collate, read_int_archive
+from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, collate
 
 from ..conftest import make_config
+from .helpers import read_int_archive
 
 
 @pytest.fixture(scope="module")

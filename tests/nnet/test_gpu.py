@@ -64,7 +64,7 @@ from tests.nnet.helpers import synthetic_split
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 labels = synthetic_split(root) if not (root / "feats").exists() else None
 if labels is None:
-    from asrflow.nnet.data import read_int_archive
+    from tests.nnet.helpers import read_int_archive
     labels = read_int_archive(root / "labels.txt")
 else:
     (root / "labels.txt").write_text("".join(f"{u} {' '.join(map(str, l))}\\n" for u, l in labels.items()))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from asrflow.gmm.alignments import write_alignments
 from asrflow.nnet.mmi import MmiObjective, denominator_log_prob, graph_from_arcs, load_denominator_graph, mmi
 
 from .helpers import synthetic_split
@@ -179,8 +180,9 @@ def test_the_training_stage_asks_for_the_graph_only_with_mmi_on(tmp_path: Path) 
 def test_phone_sequences_collapse_each_run_of_frames() -> None:
     from asrflow.nnet.phone_lm import phone_loop_text, phone_sequences
 
-    frames = {"a": "SIL SIL Y Y Y EH S S SIL", "b": "", "c": "N OW OW"}
-    assert phone_sequences(frames) == [["SIL", "Y", "EH", "S", "SIL"], ["N", "OW"]]
+    names = {1: "SIL", 2: "Y", 3: "EH", 4: "S", 5: "N", 6: "OW"}
+    frames = [np.array([1, 1, 2, 2, 2, 3, 4, 4, 1]), np.array([], dtype=np.int32), np.array([5, 6, 6])]
+    assert phone_sequences(frames, names) == [["SIL", "Y", "EH", "S", "SIL"], ["N", "OW"]]
     assert phone_loop_text(["SIL", "N"]).splitlines() == ["0 0 SIL SIL", "0 0 N N", "0 0 #0 #0", "0"]
 
 
@@ -193,10 +195,10 @@ def test_the_phone_lm_denominator_needs_the_lang_and_the_alignments(tmp_path: Pa
     settings = {"weight": 1.0, "acoustic_scale": 0.1, "denominator": "phone_lm", "phone_lm_order": 3}
     with pytest.raises(NnetError, match="--lang"):
         mmi_criterion(Training.defaults(mmi=settings), "dnn", tmp_path, tmp_path, torch.zeros(3))
-    with pytest.raises(FileNotFoundError, match="ali/phones.txt"):
+    with pytest.raises(FileNotFoundError, match="ali/phones.scp"):
         phone_lm_graph(tmp_path, tmp_path, None, 3)
-    (tmp_path / "ali").mkdir()
-    (tmp_path / "ali" / "phones.txt").write_text("u1 SIL SIL Y EH EH S SIL\n")
-    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nY 2\nEH 3\n#0 4\n")  # no S: another lang's phones
-    with pytest.raises(NnetError, match=r"phones \['S'\] are not in"):
+    tids = np.array([1, 1, 2, 3, 3, 5, 1])  # transition id t is phone t here; 5 is no phone of this lang
+    write_alignments(tmp_path / "ali", np.zeros(8, int), np.arange(8), {"u1": tids})
+    (tmp_path / "phones.txt").write_text("<eps> 0\nSIL 1\nY 2\nEH 3\n#0 4\n")  # another lang's phones
+    with pytest.raises(NnetError, match=r"phone ids \['5'\] are not phones of"):
         phone_lm_graph(tmp_path, tmp_path, None, 3)

@@ -9,6 +9,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from asrflow.gmm.alignments import read_alignments
 from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
 # trained: dnn_sp on speed-perturbed copies, dnn_fmllr on fMLLR speaker-adapted features, dnn_mmi with MMI against
@@ -63,7 +64,7 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31
-    pdfs = (res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt").read_text().splitlines()
+    pdfs = read_alignments(res / "gmm" / "train" / "tri" / "ali", "pdfs")
     assert len(pdfs) == 31 and (res / "gmm" / "train" / "mono" / "alignment.png").stat().st_size > 10000
 
 
@@ -129,7 +130,6 @@ def test_the_phone_lm_denominator_holds_every_training_alignment(yesno_run: Path
     import torch
 
     from asrflow.gmm.model import GmmModel
-    from asrflow.nnet.data import read_int_archive
     from asrflow.nnet.mmi import denominator_from_fst, mmi
     from asrflow.nnet.phone_lm import phone_lm_graph
 
@@ -146,7 +146,7 @@ def test_the_phone_lm_denominator_holds_every_training_alignment(yesno_run: Path
         loglikes[0, frames, torch.tensor(sequence)] = 0.0
         return mmi(loglikes, torch.tensor([len(sequence)]), torch.tensor([sequence]), graph).item()
 
-    for utt, aligned in read_int_archive(res / "gmm" / "train" / "tri" / "ali" / "pdfs.txt").items():
+    for utt, aligned in read_alignments(res / "gmm" / "train" / "tri" / "ali", "pdfs").items():
         aligned = [int(x) for x in aligned]
         assert -200 < mmi_of_peaked(aligned) < 0, utt
         assert mmi_of_peaked(aligned[::-1]) < -1000, utt

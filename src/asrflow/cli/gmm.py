@@ -20,7 +20,8 @@ def cmd_gmm(args: argparse.Namespace) -> int:
     with stage_run(config, f"gmm-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         with dask_client(config["dask"], args.workers, log=_log) as client:
             manifest = train_system(config, args.system, args.train, args.data, args.features, args.lang,
-                                    args.out, client, run, source_dir=args.source, log=_log)
+                                    args.out, client, run, source_dir=args.source, state_dir=args.state,
+                                    log=_log)
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
         run.log_metrics({k: manifest[k] for k in ("pdfs", "gaussians", "parameters", "failed", "seconds")})
         for name in ("manifest.json", "report.tsv", "alignment.png"):
@@ -80,6 +81,8 @@ def register(sub: Any) -> None:
     p.add_argument("--source",
                    help="the folder of the system whose alignments start this one (tri: mono; lda: tri; sat: lda)")
     p.add_argument("--out", required=True)
+    p.add_argument("--state", help="folder for the progress saved after every iteration, resumed from when the "
+                                   "job is rerun after a failure (default: none saved)")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_gmm)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,11 +39,11 @@ from asrflow.data.perturb import perturbed_split
 from asrflow.decode.decoder import DecodeOptions, decode_all, gmm_decodable, gmm_decode_options
 from asrflow.features.ark import write_ark, write_text_atomic
 from asrflow.gmm import fmllr
+from asrflow.gmm.alignments import read_alignments
 from asrflow.gmm.estep import AlignOptions, Shard, features, text_graph, tree_key, viterbi_alignment
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
-from asrflow.gmm.stage import read_alignments
 from asrflow.lang.graph import read_symbols
 from asrflow.lang.lexicon import OOV_WORD
 from asrflow.workflow import train_split
@@ -199,9 +199,9 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
     model = GmmModel.load(gmm_dir)
     blob = broadcast(client, model.to_bytes())
     graph_path = str(graph_dir.resolve() / "HCLG.fst")
-    splits: dict[str, dict[str, np.ndarray] | None] = {train: read_alignments(gmm_dir / "ali" / "transition_ids.txt")}
+    splits: dict[str, Mapping[str, np.ndarray] | None] = {train: read_alignments(gmm_dir / "ali")}
     if align_dir is not None:
-        splits[perturbed_split(train)] = read_alignments(Path(align_dir) / "ali" / "transition_ids.txt")
+        splits[perturbed_split(train)] = read_alignments(Path(align_dir) / "ali")
     manifest_splits = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))["splits"]
     for split in manifest_splits:
         if split.endswith("test") and train_split(split, config) == train:

@@ -4,8 +4,8 @@ Output folder (``results/<exp>/gmm/<train split>/<system>/``)::
 
     final.mdl.pkl  tree          the model (tree also in Kaldi's binary format)
     final.mat  splice_opts       lda and sat: the LDA+MLLT projection of spliced frames (Kaldi's formats)
-    ali/transition_ids.txt       forced alignment of every training utterance (Kaldi text archives)
-    ali/pdfs.txt  ali/phones.txt frame-level pdf ids and phone symbols
+    ali/                         forced alignment of every training utterance: transition ids, pdf ids and
+                                 phone ids per frame (Kaldi int32 archives, :mod:`asrflow.gmm.alignments`)
     report.tsv                   utterances that could not be aligned, and why
     alignment.png                one alignment drawn over its spectrogram
     manifest.json                pdfs, Gaussians, iterations, timing, log-likelihood
@@ -17,8 +17,10 @@ trained system: ``<train>_sp``, the speed-perturbed copies.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +31,20 @@ from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_data_dir, read_table
 from asrflow.data.holdout import gmm_training_utterances
 from asrflow.features import Projection
+from asrflow.gmm.alignments import read_alignments, write_alignments
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
+from asrflow.gmm.resume import GmmState
 from asrflow.gmm.shards import split_shards, split_subset
 from asrflow.gmm.train import TrainResult, align_shards, train_lda, train_mono, train_tri
 from asrflow.lang.graph import read_symbols
 
 
-def write_alignments(folder: Path, model: GmmModel, alignments: dict[str, np.ndarray], phones_txt: Path) -> None:
-    """Transition ids, pdf ids and phone symbols per frame (``ali-to-pdf``, ``ali-to-phones --per-frame``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    id2phone = {i: p for p, i in read_symbols(phones_txt).items()}
+def save_alignments(folder: Path, model: GmmModel, alignments: Mapping[str, np.ndarray]) -> None:
+    """Transition ids, pdf ids and phone ids per frame of every utterance (:mod:`asrflow.gmm.alignments`)."""
     phone_of, _ = model.tid_tables
-    with open(folder / "transition_ids.txt", "w") as tids, open(folder / "pdfs.txt", "w") as pdfs, \
-            open(folder / "phones.txt", "w") as phones:
-        for utt in sorted(alignments):
-            ali = alignments[utt]
-            tids.write(f"{utt} {' '.join(map(str, ali))}\n")
-            pdfs.write(f"{utt} {' '.join(map(str, model.tid2pdf[ali]))}\n")
-            phones.write(f"{utt} {' '.join(id2phone[int(p)] for p in phone_of[ali])}\n")
-
-
-def read_alignments(path: Path) -> dict[str, np.ndarray]:
-    """Read ``ali/transition_ids.txt``."""
-    out = {}
-    for line in path.read_text().splitlines():
-        utt, *ids = line.split()
-        out[utt] = np.asarray(ids, dtype=np.int32)
-    return out
+    write_alignments(folder, model.tid2pdf, phone_of, alignments)
 
 
 def spectrogram(audio: str, sample_rate: int, start: float | None = None, end: float | None = None) -> np.ndarray:
@@ -135,7 +122,7 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     alignments, failed, results = align_shards(client, shards, model,
                                                AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
                                                config["dask"]["retries"], f"align-{split}")
-    write_alignments(out / "ali", model, alignments, lang_dir / "phones.txt")
+    save_alignments(out / "ali", model, alignments)
     write_report(out / "report.tsv", failed)
     frames = sum(len(a) for a in alignments.values())
     manifest = {"system": system, "split": split, "utterances": sum(len(s.utts) for s in shards),
@@ -149,7 +136,7 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
 
 
 def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, only: set[str] | None,
-                client: Any, on_metrics: Any, log: Any) -> tuple[TrainResult, int]:
+                client: Any, on_metrics: Any, log: Any, state: GmmState | None = None) -> tuple[TrainResult, int]:
     """The monophone on ``shards`` (the utterances ``only``, or all) or, with ``gmm.mono.subset``, on that many of
     them, then all of them aligned with it for the next system (``align_si.sh``); the result and how many it
     trained on."""
@@ -157,9 +144,10 @@ def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, 
     subset = (split_subset(paths.data, paths.features, train, cfg["subset"], cfg["subset_by"], only=only)
               if cfg["subset"] else None)
     if subset is None:
-        return train_mono(config, shards, paths.lang, client, on_metrics, log), sum(len(s.utts) for s in shards)
+        return (train_mono(config, shards, paths.lang, client, on_metrics, log, state),
+                sum(len(s.utts) for s in shards))
     few = split_shards(paths.data, paths.features, paths.lang, train, config["gmm"]["shard_utts"], only=subset)
-    result = train_mono(config, few, paths.lang, client, on_metrics, log)
+    result = train_mono(config, few, paths.lang, client, on_metrics, log, state)
     _align_more(config, "mono", result, shards, train, client)
     log(f"mono: trained on {len(subset)} utterances ({cfg['subset_by']}), aligned {len(result.alignments)} of "
         f"{sum(len(s.utts) for s in shards)}")
@@ -182,15 +170,28 @@ def _align_more(config: dict[str, Any], system: str, result: TrainResult, shards
     result.seconds += time.perf_counter() - start
 
 
+def state_identity(config: dict[str, Any], system: str, shards: list, feats_dir: str | Path, train: str,
+                   source: GmmModel | None = None) -> str:
+    """What a saved training state must match to be resumed: the system's settings, the seed, the training
+    shards (their utterances and feature offsets), when the features were written, and the source model."""
+    scp = Path(feats_dir) / train / "feats.scp"
+    parts = (system, json.dumps(config["gmm"][system], sort_keys=True), config["seed"], config["gmm"]["shard_utts"],
+             [s.key for s in shards], scp.stat().st_mtime_ns if scp.is_file() else None,
+             hashlib.sha1(source.to_bytes()).hexdigest() if source is not None else None)
+    return hashlib.sha1(repr(parts).encode()).hexdigest()
+
+
 def train_system(config: dict[str, Any], system: str, train: str, data_dir: str | Path, feats_dir: str | Path,
                  lang_dir: str | Path, out_dir: str | Path, client: Any, run: Any,
-                 source_dir: str | Path | None = None, log=print) -> dict[str, Any]:
+                 source_dir: str | Path | None = None, state_dir: str | Path | None = None,
+                 log=print) -> dict[str, Any]:
     """Train ``system`` on split ``train`` and write the output folder; returns the manifest.
 
     ``feats_dir``: the MFCCs (CMVN and Δ+ΔΔ or the LDA+MLLT projection applied here), or for a
     speaker-adaptively trained system (:data:`~asrflow.config.SAT_SOURCES`) the fmllr stage's
     adapted features, used as they are. ``source_dir``: the system whose alignments build the tree
-    (tri: mono; lda: tri; sat: lda).
+    (tri: mono; lda: tri; sat: lda). ``state_dir``: where the training progress is saved after every
+    iteration, so that a rerun after a failure goes on from there (:mod:`asrflow.gmm.resume`).
     """
     out, lang_dir = Path(out_dir), Path(lang_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,17 +211,20 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=deltas, only=only)
     trained_on = sum(len(s.utts) for s in shards)
     if system == "mono":
+        state = GmmState(state_dir, state_identity(config, system, shards, feats_dir, train), log)
         result, trained_on = _train_mono(config, shards, Paths(out, Path(data_dir), Path(feats_dir), lang_dir), train,
-                                         only, client, on_metrics, log)
+                                         only, client, on_metrics, log, state)
     else:
         if source_dir is None:
             raise ValueError(f"the {system} system needs the folder of the system whose alignments start it")
         source = GmmModel.load(source_dir)
-        source_ali = read_alignments(Path(source_dir) / "ali" / "transition_ids.txt")
+        source_ali = read_alignments(Path(source_dir) / "ali")
+        state = GmmState(state_dir, state_identity(config, system, shards, feats_dir, train, source), log)
         if system == "lda":
-            result = train_lda(config, shards_through, lang_dir, source, source_ali, client, on_metrics, log)
+            result = train_lda(config, shards_through, lang_dir, source, source_ali, client, on_metrics, log, state)
         else:
-            result = train_tri(config, shards, lang_dir, source, source_ali, client, on_metrics, log, system=system)
+            result = train_tri(config, shards, lang_dir, source, source_ali, client, on_metrics, log, system=system,
+                               state=state)
         if system in SAT_SOURCES:  # its unadapted features are its source's (the fmllr stage adapts them)
             result.projection = Projection.load(source_dir)
     if only is not None:  # the held-out utterances aligned for the networks' validation
@@ -233,7 +237,7 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     result.model.save(out)
     if result.projection is not None:
         result.projection.save(out)
-    write_alignments(out / "ali", result.model, result.alignments, lang_dir / "phones.txt")
+    save_alignments(out / "ali", result.model, result.alignments)
     write_report(out / "report.tsv", result.failed)
     if result.alignments:
         utt = min(result.alignments)
@@ -252,6 +256,7 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                 "utterances": sum(len(s.utts) for s in shards) + (len(held) if only is not None else 0),
                 "trained_on": trained_on, "held_out": len(held) if only is not None else 0, **result.info}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    state.finish()
     log(f"{system}: {manifest['pdfs']} pdfs, {manifest['gaussians']} Gaussians, {manifest['aligned']} aligned, "
         f"{manifest['failed']} failed, {manifest['seconds']:.1f} s")
     return manifest

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from asrflow.gmm.lda import (
     transform_means,
 )
 from asrflow.gmm.model import GmmModel, init_from_tree, init_mono, read_topology, tree_from_bytes
+from asrflow.gmm.resume import GmmState, Progress
 from asrflow.gmm.tree import TreeStats, build_tree, context_dependency_bytes, phone_questions
 from asrflow.gmm.update import m_step, merge_results, pdf_occupancies, split_gaussians
 
@@ -49,19 +50,22 @@ class TrainResult:
     projection: Projection | None = None  # LDA+MLLT systems: the features' projection
 
 
-def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignments: dict[str, np.ndarray],
-                    cfg: dict[str, Any], first_iter: int, realign: set[int], target: int, numgauss: int,
-                    max_iter_inc: int, rng: np.random.Generator, retries: int, on_metrics: Metrics,
-                    log: Callable[[str], None], first_beam: float | None = None,
-                    before: BeforeIteration | None = None) -> tuple[GmmModel, dict, dict]:
-    incgauss = max(0, (target - numgauss) // max(1, max_iter_inc))
-    failed: dict[str, str] = {}
-    for it in range(first_iter, cfg["iterations"]):
+def _run_iterations(client: Any, shards: list[Shard], progress: Progress, cfg: dict[str, Any], realign: set[int],
+                    max_iter_inc: int, retries: int, on_metrics: Metrics, log: Callable[[str], None],
+                    state: GmmState | None = None, first_beam: float | None = None,
+                    before: BeforeIteration | None = None) -> Progress:
+    """The EM iterations from ``progress.iteration`` to ``cfg["iterations"]``, saved to ``state`` after each one.
+
+    ``first_beam``: the alignment beam of iteration 1 (the monophone's first realignment); ``before``: called at
+    the start of each iteration (lda: MLLT), may change the shards.
+    """
+    while progress.iteration < cfg["iterations"]:
+        it, model, alignments = progress.iteration, progress.model, progress.alignments
         start = time.perf_counter()
         if before is not None and (changed := before(it, model, alignments)) is not None:
             shards = changed
         mode = "realign" if it in realign else "accumulate"
-        beam = first_beam if (first_beam is not None and it == first_iter) else cfg["beam"]
+        beam = first_beam if (first_beam is not None and it == 1) else cfg["beam"]
         opts = AlignOptions(beam=beam, retry_beam=cfg["retry_beam"])
         blob = broadcast(client, model.to_bytes())
         per_shard = [None if mode == "realign" else {u: alignments[u] for u in s.utts if u in alignments}
@@ -73,11 +77,14 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
             alignments.update(totals.alignments or {})
             for utt, reason in totals.failed:
                 alignments.pop(utt, None)
-                failed[utt] = reason
+                progress.failed[utt] = reason
         m_step(model, totals, cfg["min_gaussian_occupancy"])
-        split_gaussians(model, pdf_occupancies(model, totals), numgauss, rng, cfg["power"])
+        split_gaussians(model, pdf_occupancies(model, totals), progress.numgauss, progress.rng, cfg["power"])
         if it <= max_iter_inc:
-            numgauss += incgauss
+            progress.numgauss += progress.incgauss
+        progress.iteration += 1
+        if state is not None:
+            state.save(progress, realigned=mode == "realign")
         seconds = time.perf_counter() - start
         metrics = {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
                    "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs, "seconds": seconds,
@@ -86,7 +93,24 @@ def _run_iterations(client: Any, shards: list[Shard], model: GmmModel, alignment
         on_metrics(it, metrics)
         log(f"iter {it:2d} {mode:10s} like/frame {metrics['loglike_per_frame']:.4f} "
             f"gauss {metrics['gaussians']:5d} {seconds:.2f}s")
-    return model, alignments, failed
+    return progress
+
+
+def _start(model: GmmModel, target: int, max_iter_inc: int, seed: int, alignments: dict | None = None,
+           failed: dict | None = None) -> Progress:
+    """The progress of a system about to run iteration 1 from ``model``: its Gaussians grow evenly to
+    ``target`` by iteration ``max_iter_inc``."""
+    numgauss = model.am.num_gauss
+    return Progress(1, model, alignments or {}, numgauss, max(0, (target - numgauss) // max(1, max_iter_inc)),
+                    np.random.default_rng(seed), failed or {})
+
+
+def _result(progress: Progress, start: float, cfg: dict[str, Any], info: dict | None = None,
+            projection: Projection | None = None) -> TrainResult:
+    """The trained system: failures are the utterances that ended without an alignment."""
+    return TrainResult(progress.model, progress.alignments,
+                       {u: r for u, r in progress.failed.items() if u not in progress.alignments},
+                       time.perf_counter() - start, cfg["iterations"], info or {}, projection)
 
 
 def estep_task(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: AlignOptions):
@@ -96,8 +120,25 @@ def estep_task(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: Al
 
 
 def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, client: Any,
-               on_metrics: Metrics, log: Callable[[str], None] = print) -> TrainResult:
-    """Flat-start monophone training (Kaldi ``train_mono.sh``)."""
+               on_metrics: Metrics, log: Callable[[str], None] = print, state: GmmState | None = None) -> TrainResult:
+    """Flat-start monophone training (Kaldi ``train_mono.sh``); from ``state``'s saved progress if it has one."""
+    start = time.perf_counter()
+    cfg = config["gmm"]["mono"]
+    retries = config["dask"]["retries"]
+    progress = state.load() if state is not None else None
+    if progress is None:
+        progress = _equal_pass(config, shards, lang_dir, client, on_metrics, log)
+        if state is not None:
+            state.save(progress)
+    progress = _run_iterations(client, shards, progress, cfg, set(cfg["realign_iterations"]), cfg["max_iter_inc"],
+                               retries, on_metrics, log, state, first_beam=cfg["initial_beam"])
+    return _result(progress, start, cfg)
+
+
+def _equal_pass(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, client: Any,
+                on_metrics: Metrics, log: Callable[[str], None]) -> Progress:
+    """The monophone from the features' global mean and variance, estimated once from equal alignments
+    (iteration 0)."""
     start = time.perf_counter()
     cfg = config["gmm"]["mono"]
     retries = config["dask"]["retries"]
@@ -106,26 +147,20 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
     mean = total / count
     var = np.maximum(squares / count - mean**2, 1e-3)
     model = init_mono(read_topology(Path(lang_dir) / "topo"), mean, var)
-    rng = np.random.default_rng(config["seed"])
-    numgauss = model.am.num_gauss
     log(f"mono: {model.am.num_pdfs} pdfs, {len(shards)} shards, {sum(len(s.utts) for s in shards)} utterances")
+    progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"])
     # Pass 0: equal alignment, then estimate (gmm-est --min-gaussian-occupancy=3).
     blob = broadcast(client, model.to_bytes())
     totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "equal", AlignOptions(),
                          combine=merge_results, units=[len(s.utts) for s in shards], desc="iter0-equal",
                          retries=retries)
-    alignments: dict[str, np.ndarray] = dict(totals.alignments or {})
-    failed: dict[str, str] = dict(totals.failed)
+    progress.alignments.update(totals.alignments or {})
+    progress.failed.update(totals.failed)
     m_step(model, totals, min_gaussian_occupancy=3.0)
     on_metrics(0, {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
                    "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs,
-                   "seconds": time.perf_counter() - start, "align_failed": len(failed), "align_retried": 0})
-    model, alignments, later = _run_iterations(
-        client, shards, model, alignments, cfg, 1, set(cfg["realign_iterations"]), cfg["gaussians"], numgauss,
-        cfg["max_iter_inc"], rng, retries, on_metrics, log, first_beam=cfg["initial_beam"])
-    failed.update(later)
-    return TrainResult(model, alignments, {u: r for u, r in failed.items() if u not in alignments},
-                       time.perf_counter() - start, cfg["iterations"])
+                   "seconds": time.perf_counter() - start, "align_failed": len(progress.failed), "align_retried": 0})
+    return progress
 
 
 def align_shards(client: Any, shards: list[Shard], model: GmmModel, opts: AlignOptions, retries: int,
@@ -141,51 +176,64 @@ def align_shards(client: Any, shards: list[Shard], model: GmmModel, opts: AlignO
 
 
 def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, source: GmmModel,
-              source_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
-              log: Callable[[str], None] = print, system: str = "tri") -> TrainResult:
+              source_alignments: Mapping[str, np.ndarray], client: Any, on_metrics: Metrics,
+              log: Callable[[str], None] = print, system: str = "tri", state: GmmState | None = None) -> TrainResult:
     """Triphone training with a decision tree built from another system's alignments, on the
     shards' features: ``tri`` on Δ+ΔΔ MFCCs from the monophone's (``train_deltas.sh``), ``sat``
     on the LDA+MLLT system's fMLLR-adapted features from its alignments (``train_sat.sh`` with the
-    transforms fixed). ``config["gmm"][system]`` holds the sizes and iterations."""
+    transforms fixed). ``config["gmm"][system]`` holds the sizes and iterations; ``state``: where its progress
+    is saved after each iteration and resumed from."""
     start = time.perf_counter()
     cfg = config["gmm"][system]
-    model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
-    rng = np.random.default_rng(config["seed"] + 1)
+    progress = state.load() if state is not None else None
+    if progress is None:
+        model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
+        progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
+        progress.extra["info"] = info
+        if state is not None:
+            state.save(progress)
     # No convert-ali: the first pass aligns with the tree-initialised model (graphs of the new tree).
-    model, alignments, failed = _run_iterations(
-        client, shards, model, {}, cfg, 1, {1, *cfg["realign_iterations"]}, cfg["gaussians"], model.am.num_gauss,
-        cfg["max_iter_inc"], rng, config["dask"]["retries"], on_metrics, log)
-    return TrainResult(model, alignments, failed, time.perf_counter() - start, cfg["iterations"], info)
+    progress = _run_iterations(client, shards, progress, cfg, {1, *cfg["realign_iterations"]}, cfg["max_iter_inc"],
+                               config["dask"]["retries"], on_metrics, log, state)
+    return _result(progress, start, cfg, progress.extra["info"])
 
 
 def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None], list[Shard]], lang_dir: str | Path,
-              source: GmmModel, source_alignments: dict[str, np.ndarray], client: Any, on_metrics: Metrics,
-              log: Callable[[str], None] = print) -> TrainResult:
+              source: GmmModel, source_alignments: Mapping[str, np.ndarray], client: Any, on_metrics: Metrics,
+              log: Callable[[str], None] = print, state: GmmState | None = None) -> TrainResult:
     """Triphones on LDA+MLLT features (``train_lda_mllt.sh``), from the tri system's alignments.
 
     ``make_shards(projection)``: the training split's shards with CMVN-normalised static features
     (None) or their spliced frames through ``projection``. The LDA classes are the source's pdfs,
     silence frames left out; MLLT is re-estimated at ``gmm.lda.mllt_iterations``, moving the model's
-    means and composed onto the projection (the result's ``projection``).
+    means and composed onto the projection (the result's ``projection``). ``state``: as :func:`train_tri`'s.
     """
     start = time.perf_counter()
     cfg = config["gmm"]["lda"]
     retries = config["dask"]["retries"]
     silence = {int(x) for x in (Path(lang_dir) / "silence.int").read_text().split()}
-    blob = broadcast(client, source.to_bytes())
-    plain = make_shards(None)
-    per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in plain]
-    stats = run_reduced(client, _lda_stats_task, list(zip(plain, per_shard)), blob, cfg["splice"], silence,
-                        combine=operator.add, units=[len(s.utts) for s in plain], desc="lda-stats", retries=retries)
-    projection = Projection(cfg["splice"], estimate_lda(stats, cfg["dim"]))
-    log(f"lda: {stats.sums.shape[1]} spliced dims -> {cfg['dim']} from {int(stats.count.sum())} non-silence frames "
-        f"of {int((stats.count > 0).sum())} pdfs")
-    shards = make_shards(projection)
-    model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, "lda")
-    gains: list[float] = []
+    progress = state.load() if state is not None else None
+    if progress is None:
+        blob = broadcast(client, source.to_bytes())
+        plain = make_shards(None)
+        per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in plain]
+        stats = run_reduced(client, _lda_stats_task, list(zip(plain, per_shard)), blob, cfg["splice"], silence,
+                            combine=operator.add, units=[len(s.utts) for s in plain], desc="lda-stats",
+                            retries=retries)
+        projection = Projection(cfg["splice"], estimate_lda(stats, cfg["dim"]))
+        log(f"lda: {stats.sums.shape[1]} spliced dims -> {cfg['dim']} from {int(stats.count.sum())} non-silence "
+            f"frames of {int((stats.count > 0).sum())} pdfs")
+        model, info = _tree_model(config, cfg, make_shards(projection), lang_dir, source, source_alignments, client,
+                                  log, "lda")
+        progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
+        progress.extra.update(info=info, projection=projection, gains=[])
+        if state is not None:
+            state.save(progress)
+    extra = progress.extra
+    shards = make_shards(extra["projection"])  # through the projection reached so far
 
     def before(it: int, model: GmmModel, alignments: dict[str, np.ndarray]) -> list[Shard] | None:
-        nonlocal projection, shards
+        nonlocal shards
         if it not in cfg["mllt_iterations"] or not alignments:
             return None
         blob = broadcast(client, model.to_bytes())
@@ -194,19 +242,18 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
                            combine=operator.add, units=[len(s.utts) for s in shards], desc=f"iter{it}-mllt",
                            retries=retries)
         a = estimate_mllt(mllt)
-        gains.append(round(mllt_objective(mllt, a) - mllt_objective(mllt, np.eye(len(a))), 4))
+        extra["gains"].append(round(mllt_objective(mllt, a) - mllt_objective(mllt, np.eye(len(a))), 4))
         transform_means(model, a)
-        projection = Projection(projection.context, a @ projection.matrix)
-        shards = make_shards(projection)
-        log(f"iter {it:2d} mllt       objective gain {gains[-1]:.4f}/frame over {mllt.beta:.0f} frames")
+        extra["projection"] = Projection(extra["projection"].context, a @ extra["projection"].matrix)
+        log(f"iter {it:2d} mllt       objective gain {extra['gains'][-1]:.4f}/frame over {mllt.beta:.0f} frames")
+        shards = make_shards(extra["projection"])
         return shards
 
-    rng = np.random.default_rng(config["seed"] + 1)
-    model, alignments, failed = _run_iterations(
-        client, shards, model, {}, cfg, 1, {1, *cfg["realign_iterations"]}, cfg["gaussians"], model.am.num_gauss,
-        cfg["max_iter_inc"], rng, retries, on_metrics, log, before=before)
-    info.update(lda_dim=cfg["dim"], splice=cfg["splice"], mllt_gain_per_frame=gains)
-    return TrainResult(model, alignments, failed, time.perf_counter() - start, cfg["iterations"], info, projection)
+    progress = _run_iterations(client, shards, progress, cfg,
+                               {1, *cfg["realign_iterations"]}, cfg["max_iter_inc"], retries, on_metrics, log, state,
+                               before=before)
+    info = {**extra["info"], "lda_dim": cfg["dim"], "splice": cfg["splice"], "mllt_gain_per_frame": extra["gains"]}
+    return _result(progress, start, cfg, info, extra["projection"])
 
 
 def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard], lang_dir: str | Path,

@@ -30,15 +30,6 @@ from asrflow.features import apply_cmvn, load, read_scp
 T = TypeVar("T")
 
 
-def read_int_archive(path: str | Path) -> dict[str, np.ndarray]:
-    """A Kaldi text archive of integer vectors (``utt 1 2 3``), e.g. ``ali/pdfs.txt``."""
-    out = {}
-    for line in Path(path).read_text().splitlines():
-        utt, *values = line.split()
-        out[utt] = np.asarray(values, dtype=np.int64)
-    return out
-
-
 class FeatureDataset(torch.utils.data.Dataset):
     """Per-utterance features of one split (CMVN applied), with optional targets.
 
@@ -93,7 +84,7 @@ class FeatureDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor | None]:
         utt, value, spk, _ = self.items[index]
         feats = torch.from_numpy(apply_cmvn(load(value), None if self.per_utterance else self.cmvn[spk]))
-        target = torch.from_numpy(self.targets[utt]) if self.targets is not None else None
+        target = torch.from_numpy(np.asarray(self.targets[utt], dtype=np.int64)) if self.targets is not None else None
         return utt, feats, target
 
 

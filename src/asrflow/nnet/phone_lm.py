@@ -18,10 +18,13 @@ or word LM behind it. Here it is built with the same recipe as the decoding grap
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from asrflow.data.datadir import read_table
+import numpy as np
+
+from asrflow.gmm.alignments import alignment_index, read_alignments
 from asrflow.kaldi import kfst
 from asrflow.lang.graph import compile_text_fst, make_hclg, read_symbols
 from asrflow.lang.stage import write_grammar
@@ -29,17 +32,15 @@ from asrflow.lang.symbols import EPS, word_table, write_table
 from asrflow.nnet import NnetError
 
 
-def phone_sequences(frame_phones: dict[str, str]) -> list[list[str]]:
-    """Each utterance's phone sequence from its frame-level phones (``ali/phones.txt`` values),
-    runs of one phone collapsed."""
+def phone_sequences(frame_phones: Iterable[np.ndarray], id2phone: Mapping[int, str]) -> list[list[str]]:
+    """Each utterance's phone sequence from its frame-level phone ids (``ali/phones``), runs of one phone
+    collapsed, as the symbols ``id2phone`` names."""
     sequences = []
-    for phones in frame_phones.values():
-        sequence: list[str] = []
-        for phone in phones.split():
-            if not sequence or sequence[-1] != phone:
-                sequence.append(phone)
-        if sequence:
-            sequences.append(sequence)
+    for phones in frame_phones:
+        phones = np.asarray(phones)
+        if len(phones):
+            runs = phones[np.concatenate(([True], phones[1:] != phones[:-1]))]
+            sequences.append([id2phone.get(int(p), str(int(p))) for p in runs])
     return sequences
 
 
@@ -53,16 +54,17 @@ def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model: Any, order:
     """The HCLG of an order-``order`` phone LM over the alignments in ``ali_dir/ali/phones.txt``,
     for ``model`` (a :class:`~asrflow.gmm.model.GmmModel`: its tree and transition model) and the
     phones of ``lang_dir``. Returns the FST and the LM's training perplexity."""
-    lang_dir, ali_path = Path(lang_dir), Path(ali_dir) / "ali" / "phones.txt"
+    lang_dir, ali_path = Path(lang_dir), alignment_index(Path(ali_dir) / "ali", "phones")
     if not ali_path.is_file():
         raise FileNotFoundError(f"the phone-LM denominator needs the GMM's frame alignments {ali_path}")
     phone_ids = read_symbols(lang_dir / "phones.txt")
     phones = [p for p in phone_ids if p != EPS and not p.startswith("#")]
-    sequences = phone_sequences(read_table(ali_path))
+    sequences = phone_sequences(read_alignments(ali_path.parent, "phones").values(),
+                                {i: p for p, i in phone_ids.items()})
     unknown = sorted({p for s in sequences for p in s} - set(phones))
     if unknown:
-        raise NnetError(f"{ali_path}: phones {unknown[:5]} are not in {lang_dir / 'phones.txt'} (alignments of "
-                        f"another lang?)")
+        raise NnetError(f"{ali_path}: phone ids {unknown[:5]} are not phones of {lang_dir / 'phones.txt'} "
+                        f"(alignments of another lang?)")
     disambig = [int(x) for x in (lang_dir / "disambig.int").read_text().split()]
     words = word_table(phones)
     with tempfile.TemporaryDirectory(prefix="asrflow-phone-lm-") as tmp:

@@ -34,8 +34,9 @@ from asrflow.config.sizes import network_config
 from asrflow.data.datadir import read_table
 from asrflow.data.holdout import held_out_utterances
 from asrflow.data.perturb import copy_ids, perturbed_split
+from asrflow.gmm.alignments import alignment_index, read_alignments
 from asrflow.nnet import NnetError
-from asrflow.nnet.data import FeatureDataset, read_int_archive
+from asrflow.nnet.data import FeatureDataset
 from asrflow.nnet.hybrid import pdf_priors
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.train import train
@@ -82,7 +83,7 @@ def hybrid_targets(gmm_dir: Path, alignments: Path | None = None) -> Targets:
     that GMM), and their log priors."""
     from asrflow.gmm.model import GmmModel
 
-    labels = read_int_archive((alignments or gmm_dir) / "ali" / "pdfs.txt")
+    labels = read_alignments((alignments or gmm_dir) / "ali", "pdfs")
     num_pdfs = GmmModel.load(gmm_dir).am.num_pdfs
     return Targets(labels, num_pdfs, True, {"priors": torch.from_numpy(pdf_priors(labels, num_pdfs))})
 
@@ -128,12 +129,12 @@ def training_data(config: dict[str, Any], system: str, train_split: str, paths: 
                         f"set audio.speed_perturb (e.g. [0.9, 1.0, 1.1]) and rerun the data stage")
     texts = read_table(data_dir / source / "text")
     if model["objective"] == "hybrid":
-        if gmm_dir is None or not (Path(gmm_dir) / "ali" / "pdfs.txt").is_file():
+        if gmm_dir is None or not alignment_index(Path(gmm_dir) / "ali", "pdfs").is_file():
             raise NnetError(f"hybrid network {system!r} needs the GMM alignments: --gmm must be a GMM system "
-                            f"folder with ali/pdfs.txt (got {gmm_dir})")
-        if perturbed and (alignments is None or not (Path(alignments) / "ali" / "pdfs.txt").is_file()):
+                            f"folder with ali/pdfs.scp (got {gmm_dir})")
+        if perturbed and (alignments is None or not alignment_index(Path(alignments) / "ali", "pdfs").is_file()):
             raise NnetError(f"hybrid network {system!r} trains with speed_perturb: --alignments must be the align "
-                            f"stage's folder of {source} with ali/pdfs.txt (got {alignments})")
+                            f"stage's folder of {source} with ali/pdfs.scp (got {alignments})")
         targets = hybrid_targets(Path(gmm_dir), Path(alignments) if perturbed else None)
     else:
         targets = ctc_targets(texts, model["units"], model["vocab_size"], lang_dir)
