@@ -2,6 +2,7 @@ import pytest
 from dask.distributed import LocalCluster
 
 from asrflow.cluster import dask_client, run_sharded, shard
+from asrflow.cluster.cache import DEFAULT_BUDGET
 
 
 def square_all(xs: list[int]) -> list[int]:
@@ -86,3 +87,49 @@ def test_reduced_results_combine_in_a_fixed_tree_on_the_workers(dask_client_1) -
         run_reduced(dask_client_1, _fail_on_three, list(range(5)), combine=_join, retries=0)
     with pytest.raises(ValueError, match="no shards"):
         run_reduced(dask_client_1, _as_list, [], combine=_join)
+
+
+def _home(_: object) -> str:
+    from distributed import get_worker
+
+    return get_worker().address
+
+
+def _budget(_: object) -> int:
+    from asrflow.cluster import cache
+
+    return cache._budget[0]
+
+
+def test_shards_go_back_to_their_worker_which_caches_within_its_budget() -> None:
+    """Shard i runs on the i-th worker (modulo their number) every time, so a worker's cache holds its own
+    shards; every worker gets dask.cache_mb as its budget."""
+    cfg = {"cluster": "local", "address": None, "workers": 2, "host": "127.0.0.1", "dashboard": False,
+           "single_worker_thread": False, "cache_mb": 3}
+    with dask_client(cfg, log=lambda *_: None) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        first = run_sharded(client, _home, list(range(8)))
+        assert first == run_sharded(client, _home, list(range(8))) == [workers[i % 2] for i in range(8)]
+        assert run_sharded(client, _budget, [0, 1]) == [3 * 2**20] * 2
+
+
+def test_the_cache_drops_the_least_recently_used_past_its_budget() -> None:
+    from asrflow.cluster.cache import Cache, set_budget
+
+    set_budget(100)
+    try:
+        cache = Cache(share=0.5)  # 50 bytes
+        made: list[str] = []
+
+        def value(key: str, nbytes: int) -> tuple[str, int]:
+            return cache.get(key, lambda: made.append(key) or (key, nbytes), lambda v: v[1])
+
+        value("a", 20), value("b", 20), value("a", 20)  # a is used again: b is now the oldest
+        value("c", 20)  # 60 > 50: b goes
+        assert list(cache) == ["a", "c"] and cache.used == 40
+        value("b", 20)
+        assert made == ["a", "b", "c", "b"] and list(cache) == ["c", "b"]
+        value("huge", 80)  # larger than the budget: made, not kept
+        assert list(cache) == ["c", "b"] and "huge" in made
+    finally:
+        set_budget(DEFAULT_BUDGET)

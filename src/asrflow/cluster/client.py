@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
+from asrflow.cluster.cache import budget_plugin
+
 T = TypeVar("T")
 SLURM_WORKERS = 4  # worker jobs when dask.cluster is slurm and dask.workers is null
 R = TypeVar("R")
@@ -74,6 +76,8 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
         restore_environ(environ)
         client = Client(cluster)
     try:
+        if "cache_mb" in dask_cfg:  # a validated config has it; else the workers keep the default budget
+            client.register_plugin(budget_plugin(dask_cfg["cache_mb"] * 2**20))
         if dask_cfg["dashboard"] and client.dashboard_link:
             log(f"Dask dashboard: {client.dashboard_link}")
         log(f"Dask scheduler {client.scheduler.address} with {len(client.scheduler_info()['workers'])} workers")
@@ -154,6 +158,15 @@ def wait_for_slurm_workers(client: Any, cluster: Any, slurm: dict[str, Any], log
     log(f"Dask workers are Slurm jobs on partition {slurm['partition']}: {' '.join(job_ids)}")
 
 
+def homes(client: Any, count: int) -> list[list[str] | None]:
+    """The worker each of ``count`` shards goes to: shard ``i`` to the ``i``-th worker (by address) modulo
+    their number, the same worker every time the shards run while the workers stay, so that what a worker
+    caches of its shards (:mod:`asrflow.cluster.cache`) serves it again. A loose preference: a busy or
+    lost worker's shards go elsewhere."""
+    workers = sorted(client.scheduler_info().get("workers", {}))
+    return [[workers[i % len(workers)]] if workers else None for i in range(count)]
+
+
 def run_sharded(
     client: Any,
     fn: Callable[..., R],
@@ -165,7 +178,8 @@ def run_sharded(
     retries: int = 2,
     **kwargs: Any,
 ) -> list[R]:
-    """Run ``fn(shard, *args, **kwargs)`` for each shard on the cluster; results in shard order.
+    """Run ``fn(shard, *args, **kwargs)`` for each shard on the cluster, shard ``i`` on its home worker
+    (:func:`homes`); results in shard order.
 
     A progress bar (stderr) counts ``units`` (for example utterances per shard) as shards finish.
     """
@@ -174,8 +188,10 @@ def run_sharded(
     units = list(units) if units is not None else [1] * len(shards)
     token = uuid.uuid4().hex[:8]
     name = desc or fn.__name__
+    home = homes(client, len(shards))
     futures = [
-        client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", **kwargs)
+        client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", workers=home[i],
+                      allow_other_workers=True, **kwargs)
         for i, s in enumerate(shards)
     ]
     index = {f.key: i for i, f in enumerate(futures)}
@@ -215,7 +231,9 @@ def run_reduced(
     units = list(units) if units is not None else [1] * len(shards)
     token = uuid.uuid4().hex[:8]
     name = desc or fn.__name__
-    leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", **kwargs)
+    home = homes(client, len(shards))
+    leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", workers=home[i],
+                            allow_other_workers=True, **kwargs)
               for i, s in enumerate(shards)]
     count = {f.key: units[i] for i, f in enumerate(leaves)}
     level, depth = list(leaves), 0

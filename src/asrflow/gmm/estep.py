@@ -2,7 +2,8 @@
 
 Every task is a pure function of (model, shard, alignments): it may run on any worker,
 twice, or after a worker died, and give the same statistics. Workers only *cache* what
-they can rebuild (features, compiled training graphs); alignments live on the driver.
+they can rebuild (features, compiled training graphs), within ``dask.cache_mb``
+(:mod:`asrflow.cluster.cache`: features and graphs half each); alignments live on the driver.
 
 Tasks return plain numpy arrays (the wheels' accumulators do not pickle): per-Gaussian
 occupancy, first and second-order sums in the model's flat Gaussian order, transition
@@ -18,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from asrflow.cluster.cache import Cache
 from asrflow.features import Projection, add_deltas, apply_cmvn, load
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
-_FEATURES: dict[str, list[np.ndarray]] = {}
-_COMPILERS: dict[tuple, object] = {}
-_GRAPHS: dict[tuple, object] = {}
+_FEATURES = Cache(share=0.5)  # shard key -> its utterances' feature matrices
+_COMPILERS: dict[tuple, object] = {}  # one per (lang, tree)
+_GRAPHS = Cache(share=0.5)  # (lang, tree, utterance) -> its training graph
 _KEEP: list = []  # objects the C++ graph compiler references (never freed while it lives)
 
 
@@ -74,19 +76,26 @@ def features(shard: Shard) -> list[np.ndarray]:
     """CMVN (per speaker, or per utterance) then Δ/ΔΔ features of a shard, or its spliced frames through its
     projection; cached per worker process (the latest projection of a shard only)."""
     key = shard.key if shard.projection is None else f"{shard.key}/{shard.projection.key}"
-    cached = _FEATURES.get(key)
-    if cached is None:
-        cached = []
+
+    def make() -> list[np.ndarray]:
+        out = []
         for value, spk in zip(shard.feats, shard.speakers):
             mat = apply_cmvn(load(value), None if shard.per_utterance else shard.cmvn[spk])
             if shard.deltas:
                 mat = add_deltas(mat, shard.deltas)
-            cached.append(np.ascontiguousarray(mat if shard.projection is None else shard.projection(mat)))
+            out.append(np.ascontiguousarray(mat if shard.projection is None else shard.projection(mat)))
         if shard.projection is not None:  # an MLLT update replaces the shard's features: drop the old ones
             for old in [k for k in _FEATURES if k.startswith(f"{shard.key}/")]:
-                del _FEATURES[old]
-        _FEATURES[key] = cached
-    return cached
+                _FEATURES.pop(old)
+        return out
+
+    return _FEATURES.get(key, make, lambda mats: sum(m.nbytes for m in mats))
+
+
+def graph_bytes(graph) -> int:
+    """About what a compiled graph holds in memory: 16 bytes an arc and 48 a state (OpenFst's VectorFst)."""
+    states = graph.num_states
+    return 48 * states + 16 * sum(graph.num_arcs(s) for s in range(states))
 
 
 def _compiler(model: GmmModel, lang_dir: str, tree_key: bytes):
@@ -111,9 +120,8 @@ def tree_key(model: GmmModel) -> bytes:
 def training_graph(model: GmmModel, shard: Shard, i: int, tree_id: bytes):
     """The utterance's training graph (transcript → HMM states), compiled once per worker."""
     key = (shard.lang_dir, tree_id, shard.utts[i])
-    if key not in _GRAPHS:
-        _GRAPHS[key] = _compiler(model, shard.lang_dir, tree_id).compile_graph_from_text(list(shard.word_ids[i]))
-    return _GRAPHS[key]
+    return _GRAPHS.get(key, lambda: _compiler(model, shard.lang_dir, tree_id).compile_graph_from_text(
+        list(shard.word_ids[i])), graph_bytes)
 
 
 def text_graph(model: GmmModel, lang_dir: str, word_ids: list[int], tree_id: bytes):
