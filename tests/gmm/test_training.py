@@ -426,3 +426,26 @@ def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:
     dft = np.abs(np.exp(-2j * np.pi * np.outer(np.arange(129), np.arange(256)) / 256) @ frame) ** 2
     peak = dft.max() / 10 ** (image[:, 5].max() / 10)  # the image's 0 dB (its loudest frame)
     np.testing.assert_allclose(image[:, 5], np.maximum(10 * np.log10(dft / peak), -80.0), atol=1e-6)
+
+
+def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_total(yesno, dask_client_1,
+                                                                                    tmp_path) -> None:
+    """bench scale: the split copied under new ids up to each size (same features), one realign and one
+    accumulate pass over it; the total the driver receives is the model's statistics, whatever the size."""
+    from asrflow.gmm.scale import replicate, scale_benchmark
+
+    config, shards, lang = yesno
+    root = lang.parent
+    counts = replicate(root / "data", root / "mfcc", "train", 0.1, tmp_path / "copy")
+    assert counts["frames"] >= 0.1 * 360_000 and counts["copies"] >= 2
+    copied = read_table(tmp_path / "copy" / "features" / "train" / "feats.scp")
+    original = read_table(root / "mfcc" / "train" / "feats.scp")
+    assert all(copied[u] == original[u.split("-", 1)[1]] for u in copied)
+    result, _ = _train(config, shards, lang, dask_client_1)
+    result.model.save(tmp_path / "mono")
+    rows = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05, 0.1], 1,
+                           log=QUIET)
+    assert [r["hours"] >= h for r, h in zip(rows, (0.05, 0.1))] == [True, True]
+    assert rows[1]["utterances"] > rows[0]["utterances"] and not any(r["failed"] for r in rows)
+    assert rows[0]["reduced_mb"] == rows[1]["reduced_mb"]
+    assert rows[1]["hours"] > rows[0]["hours"] and rows[0]["read_alignments_seconds"] >= 0

@@ -1,4 +1,4 @@
-"""``asrflow bench features|gmm|decode|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
+"""``asrflow bench features|gmm|decode|scale|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     searches = [(float(b), int(m)) for b, m in (pair.split(":") for pair in args.searches.split(","))]
     rows = decode_benchmark(config, args.model, args.graph, args.data, args.features, args.lang, args.test, args.every,
                             searches, [float(s) for s in args.scales.split(",")], args.adapted, log=_log)
+    lines = [json.dumps(r) for r in rows]
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    """GMM E-step time and memory on a training split replicated to each size; one JSON line per size."""
+    from asrflow.gmm.scale import scale_benchmark
+
+    config = _load(args)
+    rows = scale_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
+                           [float(h) for h in args.hours.split(",")], args.workers, log=_log)
     lines = [json.dumps(r) for r in rows]
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:
@@ -98,6 +113,15 @@ def register(sub: Any) -> Any:
     p.add_argument("--adapted", action="store_true", help="--features holds fMLLR-adapted features (<gmm>_fmllr)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_decode)
+
+    p = with_config(bench.add_parser("scale", help="GMM E-step time and memory as the training split grows"))
+    for name in ("data", "features", "lang", "model"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--train", default="train", help="the split to replicate")
+    p.add_argument("--hours", default="3,10,30", help="comma-separated sizes in hours of audio")
+    p.add_argument("--workers", type=int, default=2, help="Dask worker processes")
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.set_defaults(func=cmd_bench_scale)
 
     p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"))
     p.add_argument("--systems", nargs="+", required=True, help="names in nnet.models")

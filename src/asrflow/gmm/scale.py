@@ -1,0 +1,140 @@
+"""How GMM training's cost and memory grow with the corpus: ``asrflow bench scale``.
+
+A training split is replicated to each size asked for (copies of its utterances and speakers
+under new ids, pointing at the same stored features, so no audio is read again) and a trained
+system runs the two E-steps of a training iteration over it on a fresh Dask cluster: a
+realignment and an accumulation, their statistics summed on the workers
+(:func:`asrflow.cluster.run_reduced`). One JSON line per size:
+
+- ``realign_seconds``, ``accumulate_seconds`` and their sum per hour of audio (flat when the cost
+  is linear);
+- ``driver_rss_mb`` (the stage's process after the passes, holding the alignments),
+  ``alignments_mb`` (their int32 frames) and ``reduced_mb`` (the one total the driver receives:
+  the size of the model's statistics, whatever the corpus);
+- ``worker_rss_mb``: the largest worker's peak memory, and ``cache_mb`` its cache's budget
+  (``dask.cache_mb``; past it features and graphs are rebuilt rather than kept);
+- ``read_alignments_seconds`` / ``read_rss_mb``: writing the alignments as Kaldi archives and
+  reading them back lazily, every utterance once.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from asrflow.cluster import broadcast, dask_client, run_reduced
+from asrflow.data.datadir import read_table
+from asrflow.features.ark import read_scp
+from asrflow.gmm.alignments import read_alignments, write_alignments
+from asrflow.gmm.estep import AlignOptions
+from asrflow.gmm.lda import gmm_features
+from asrflow.gmm.model import GmmModel
+from asrflow.gmm.shards import split_shards
+from asrflow.gmm.train import estep_task
+from asrflow.gmm.update import merge_results
+
+
+def replicate(data_dir: Path, feats_dir: Path, split: str, hours: float, out: Path) -> dict[str, Any]:
+    """Write ``out/data/<split>`` and ``out/features/<split>``: copies ``c<k>-`` of ``split``'s utterances and
+    speakers (the last copy cut short) until they hold ``hours`` of audio; their counts."""
+    frames = {u: int(n) for u, n in read_table(feats_dir / split / "utt2num_frames").items()}
+    text, utt2spk = read_table(data_dir / split / "text"), read_table(data_dir / split / "utt2spk")
+    feats, cmvn = read_scp(feats_dir / split / "feats.scp"), read_scp(feats_dir / split / "cmvn.scp")
+    utts = sorted(u for u in frames if u in text and u in feats)
+    target = hours * 360_000  # frames of 10 ms
+    lines: dict[str, list[str]] = {name: [] for name in ("text", "utt2spk", "feats.scp", "utt2num_frames")}
+    speakers: set[str] = set()
+    total, copy = 0, 0
+    while total < target:
+        for utt in utts:
+            if total >= target:
+                break
+            new, spk = f"c{copy}-{utt}", f"c{copy}-{utt2spk[utt]}"
+            lines["text"].append(f"{new} {text[utt]}")
+            lines["utt2spk"].append(f"{new} {spk}")
+            lines["feats.scp"].append(f"{new} {feats[utt]}")
+            lines["utt2num_frames"].append(f"{new} {frames[utt]}")
+            speakers.add(spk)
+            total += frames[utt]
+        copy += 1
+    for folder, names in ((out / "data" / split, ("text", "utt2spk")),
+                          (out / "features" / split, ("feats.scp", "utt2num_frames"))):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (folder / name).write_text("".join(sorted(line + "\n" for line in lines[name])))
+    (out / "features" / split / "cmvn.scp").write_text(
+        "".join(f"{spk} {cmvn[spk.split('-', 1)[1]]}\n" for spk in sorted(speakers)))
+    return {"utterances": len(lines["text"]), "speakers": len(speakers), "frames": total, "copies": copy}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (MB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now (MB)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path,
+                    model_dir: str | Path, split: str, hours: list[float], workers: int, log=print) -> list[dict]:
+    """One realign and one accumulate E-step of the system in ``model_dir`` over ``split`` replicated to each of
+    ``hours``, on a fresh local cluster of ``workers`` processes each time; one row per size."""
+    model = GmmModel.load(model_dir)
+    cfg = config["gmm"]["mono"]
+    opts = AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"])
+    rows = []
+    for target in hours:
+        with tempfile.TemporaryDirectory(prefix="asrflow-scale-") as tmp:
+            root = Path(tmp)
+            counts = replicate(Path(data_dir), Path(feats_dir), split, target, root)
+            shards = split_shards(root / "data", root / "features", lang_dir, split, config["gmm"]["shard_utts"],
+                                  **gmm_features(model_dir))
+            dask_cfg = {**config["dask"], "workers": workers, "dashboard": False, "single_worker_thread": False}
+            with dask_client(dask_cfg, log=lambda *_: None) as client:
+                blob = broadcast(client, model.to_bytes())
+                units = [len(s.utts) for s in shards]
+                start = time.perf_counter()
+                totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", opts,
+                                     combine=merge_results, units=units, desc=f"realign-{target}h")
+                realign = time.perf_counter() - start
+                alignments = dict(totals.alignments or {})
+                totals.alignments = None
+                start = time.perf_counter()
+                accumulated = run_reduced(
+                    client, estep_task, [(s, {u: alignments[u] for u in s.utts if u in alignments}) for s in shards],
+                    blob, "accumulate", opts, combine=merge_results, units=units, desc=f"accumulate-{target}h")
+                accumulate = time.perf_counter() - start
+                worker_peak = max(client.run(_peak_rss_mb).values())
+            driver = _rss_mb()
+            start = time.perf_counter()
+            write_alignments(root / "ali", model.tid2pdf, model.tid_tables[0], alignments)
+            del alignments
+            frames = 0
+            for ali in read_alignments(root / "ali").values():
+                frames += len(ali)
+            read_seconds = time.perf_counter() - start
+        audio_hours = counts["frames"] / 360_000
+        row = {"hours": round(audio_hours, 2), "utterances": counts["utterances"], "speakers": counts["speakers"],
+               "shards": len(shards), "workers": workers, "gaussians": model.am.num_gauss,
+               "realign_seconds": round(realign, 2), "accumulate_seconds": round(accumulate, 2),
+               "seconds_per_hour": round((realign + accumulate) / audio_hours, 3),
+               "driver_rss_mb": round(driver, 1), "alignments_mb": round(frames * 4 / 2**20, 1),
+               "reduced_mb": round(len(pickle.dumps(accumulated)) / 2**20, 2),
+               "worker_rss_mb": round(worker_peak, 1), "cache_mb": config["dask"]["cache_mb"],
+               "read_alignments_seconds": round(read_seconds, 2), "read_rss_mb": round(_rss_mb(), 1),
+               "failed": len(totals.failed)}
+        log(f"{row['hours']} h: realign {row['realign_seconds']} s, accumulate {row['accumulate_seconds']} s "
+            f"({row['seconds_per_hour']} s/h), driver {row['driver_rss_mb']} MB, worker peak "
+            f"{row['worker_rss_mb']} MB")
+        rows.append(row)
+    return rows
+
