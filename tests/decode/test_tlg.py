@@ -71,3 +71,26 @@ def test_phone_ctc_networks_decode_through_tlg() -> None:
     assert decoder_kind({"objective": "ctc", "units": "phone"}) == "tlg"
     assert decoder_kind({"objective": "ctc", "units": "bpe"}) == "prefix"
     assert decoder_kind({"objective": "hybrid", "units": "bpe"}) == "hclg"
+
+
+def test_the_tlg_search_ends_in_a_final_state(tmp_path: Path) -> None:
+    """The faster decoder's best path honours the graph's final states: more likely frames down a path that
+    never ends (word "bad") lose to the path that does (word "good")."""
+    from asrflow.kaldi import kfst
+
+    graph = kfst.StdVectorFst()
+    for _ in range(4):
+        graph.add_state()
+    graph.start = 0
+    graph.add_arc(0, kfst.StdArc(1, 1, 0.0, 1))  # unit 0 then epsilon into the final state: "good"
+    graph.add_arc(1, kfst.StdArc(1, 0, 0.0, 1))
+    graph.add_arc(1, kfst.StdArc(0, 0, 0.0, 3))
+    graph.set_final(3, 0.0)
+    graph.add_arc(0, kfst.StdArc(2, 2, 0.0, 2))  # unit 1 forever, no final state: "bad"
+    graph.add_arc(2, kfst.StdArc(2, 0, 0.0, 2))
+    graph.write(str(tmp_path / "TLG.fst"))
+    (tmp_path / "words.txt").write_text("<eps> 0\ngood 1\nbad 2\n")
+    post = np.log(np.array([[0.3, 0.7]] * 6, dtype=np.float32))
+    result = decode_all(str(tmp_path / "TLG.fst"), None, DecodeOptions(),
+                        [("u", len(post), lambda: khg.DecodableCtc(post))])
+    assert result.hyps["u"] == ["good"]
