@@ -433,7 +433,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
                                              "gmm.mono": {"subset": None, "subset_by": "shortest"},
-                                             "decode.tune": {"search": "grid", "max_utterances": None},
+                                             "decode.tune": {"search": "grid", "max_utterances": 2000},
                                              "corpus": {"extra_training": []},
                                              "lang": {"lexicon_file": None, "stress": "strip", "lm_text": [],
                                                       "lm_arpa": None, "lm_max_ngrams": None},
@@ -445,7 +445,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
 # Keys added to a nested section after networks were trained with it on: left out of its
 # fingerprint while at their defaults, so that adding them reruns nothing.
 NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3},
-                                              "tune": {"search": "grid", "max_utterances": None}}
+                                              "tune": {"search": "grid", "max_utterances": 2000}}
 
 
 def _without_new_defaults(key: str, value: Any) -> Any:
