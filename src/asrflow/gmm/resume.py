@@ -51,7 +51,7 @@ class GmmState:
         self.folder = Path(folder) if folder is not None else None
         self.identity = identity
         self.log = log
-        self._alignments: tuple[int, str] | None = None  # (id of the dict saved, its archive's name)
+        self._archive: str | None = None  # the name of the alignments' archive the saved state refers to
 
     def load(self) -> Progress | None:
         """The saved progress, or None when there is none (or it belongs to other settings or data)."""
@@ -67,7 +67,7 @@ class GmmState:
         rng.bit_generator.state = saved["rng"]
         progress = Progress(saved["iteration"], GmmModel.from_bytes(saved["model"]), alignments, saved["numgauss"],
                             saved["incgauss"], rng, saved["failed"], saved["extra"])
-        self._alignments = (id(progress.alignments), saved["ali"])
+        self._archive = saved["ali"]
         self.log(f"resuming at iteration {progress.iteration} from {self.folder}")
         return progress
 
@@ -76,8 +76,8 @@ class GmmState:
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        ali = self._alignments[1] if self._alignments and not realigned else f"ali.{progress.iteration}"
-        if self._alignments is None or realigned:
+        ali = self._archive if self._archive and not realigned else f"ali.{progress.iteration}"
+        if ali != self._archive:
             with kaldiio.WriteHelper(f"ark,scp:{self.folder / ali}.ark,{self.folder / ali}.scp") as writer:
                 for utt in sorted(progress.alignments):
                     writer(utt, np.asarray(progress.alignments[utt], dtype=np.int32))
@@ -89,7 +89,7 @@ class GmmState:
         with open(tmp, "wb") as f:
             pickle.dump(state, f)
         os.replace(tmp, self.folder / "state.pkl")
-        self._alignments = (id(progress.alignments), ali)
+        self._archive = ali
         for old in self.folder.glob("ali.*"):  # archives no state refers to any more
             if old.stem != ali:
                 old.unlink()
