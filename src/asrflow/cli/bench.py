@@ -11,6 +11,16 @@ from asrflow.cli.common import _load, _log, with_config
 from asrflow.config import ConfigError
 
 
+def json_lines(rows: list[dict], out: str | None) -> int:
+    """Print one JSON line per row, and append them to ``out`` if given; the command's exit status."""
+    lines = [json.dumps(r) for r in rows]
+    if out:
+        with open(out, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    print("\n".join(lines))
+    return 0
+
+
 def cmd_bench_features(args: argparse.Namespace) -> int:
     """Benchmark feature extraction speed vs Dask workers; print the JSON report."""
     from asrflow.features.bench import run_benchmark
@@ -44,12 +54,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     searches = [(float(b), int(m)) for b, m in (pair.split(":") for pair in args.searches.split(","))]
     rows = decode_benchmark(config, args.model, args.graph, args.data, args.features, args.lang, args.test, args.every,
                             searches, [float(s) for s in args.scales.split(",")], args.adapted, log=_log)
-    lines = [json.dumps(r) for r in rows]
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-    print("\n".join(lines))
-    return 0
+    return json_lines(rows, args.out)
 
 
 def cmd_bench_scale(args: argparse.Namespace) -> int:
@@ -59,12 +64,7 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     config = _load(args)
     rows = scale_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
                            [float(h) for h in args.hours.split(",")], args.workers, log=_log)
-    lines = [json.dumps(r) for r in rows]
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-    print("\n".join(lines))
-    return 0
+    return json_lines(rows, args.out)
 
 
 def cmd_bench_nnet(args: argparse.Namespace) -> int:
