@@ -11,7 +11,8 @@ realignment and an accumulation, their statistics summed on the workers
 - ``driver_rss_mb`` (the stage's process after the passes, holding the alignments),
   ``alignments_mb`` (their int32 frames) and ``reduced_mb`` (the one total the driver receives:
   the size of the model's statistics, whatever the corpus);
-- ``worker_rss_mb``: the largest worker's peak memory, and ``cache_mb`` its cache's budget
+- ``worker_rss_mb``: the largest worker's peak memory, ``worker_rss_after_mb`` its memory after the
+  passes, ``worker_cache_mb`` what its caches hold then and ``cache_mb`` their budget
   (``dask.cache_mb``; past it features and graphs are rebuilt rather than kept);
 - ``read_alignments_seconds`` / ``read_rss_mb``: writing the alignments as Kaldi archives and
   reading them back lazily, every utterance once.
@@ -84,6 +85,13 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def _worker_memory() -> tuple[float, float]:
+    """A worker's resident memory now and what its caches hold (MB)."""
+    from asrflow.gmm import estep
+
+    return _rss_mb(), (estep._FEATURES.used + estep._GRAPHS.used) / 2**20
+
+
 def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path,
                     model_dir: str | Path, split: str, hours: list[float], workers: int, log=print) -> list[dict]:
     """One realign and one accumulate E-step of the system in ``model_dir`` over ``split`` replicated to each of
@@ -114,6 +122,7 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                     blob, "accumulate", opts, combine=merge_results, units=units, desc=f"accumulate-{target}h")
                 accumulate = time.perf_counter() - start
                 worker_peak = max(client.run(_peak_rss_mb).values())
+                worker_now, worker_cache = (max(v) for v in zip(*client.run(_worker_memory).values()))
             driver = _rss_mb()
             start = time.perf_counter()
             write_alignments(root / "ali", model.tid2pdf, model.tid_tables[0], alignments)
@@ -129,7 +138,8 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                "seconds_per_hour": round((realign + accumulate) / audio_hours, 3),
                "driver_rss_mb": round(driver, 1), "alignments_mb": round(frames * 4 / 2**20, 1),
                "reduced_mb": round(len(pickle.dumps(accumulated)) / 2**20, 2),
-               "worker_rss_mb": round(worker_peak, 1), "cache_mb": config["dask"]["cache_mb"],
+               "worker_rss_mb": round(worker_peak, 1), "worker_rss_after_mb": round(worker_now, 1),
+               "worker_cache_mb": round(worker_cache, 1), "cache_mb": config["dask"]["cache_mb"],
                "read_alignments_seconds": round(read_seconds, 2), "read_rss_mb": round(_rss_mb(), 1),
                "failed": len(totals.failed)}
         log(f"{row['hours']} h: realign {row['realign_seconds']} s, accumulate {row['accumulate_seconds']} s "
