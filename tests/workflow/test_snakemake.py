@@ -46,7 +46,7 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
         assert {"wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts", "oov_rate", "rtf"} <= summary.keys()
         assert summary["n_ref_words"] == 232 and summary["n_utts"] == 29 and summary["oov_rate"] == 0.0
         assert 0 < summary["rtf"] < 0.2
-    assert scores["tri"]["errors"] == 0, scores["tri"]
+    assert scores["tri"]["errors"] <= 1, scores["tri"]  # trained without the 6 held-out utterances (gmm.hold_out)
     assert scores["lda"]["errors"] <= 1, scores["lda"]  # triphones on LDA+MLLT features
     assert scores["tri_fmllr"]["errors"] <= 1, scores["tri_fmllr"]  # the tri GMM on speaker-adapted features
     assert scores["sat_fmllr"]["errors"] <= 1, scores["sat_fmllr"]  # trained on them (yesno: one speaker)
