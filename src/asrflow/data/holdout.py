@@ -51,10 +51,3 @@ def held_out_speakers(utterances: list[str], utt2spk: dict[str, str], fraction: 
             break
     return chosen
 
-
-def gmm_training_utterances(config: dict[str, Any], data_dir: str | Path, split: str) -> set[str] | None:
-    """The utterances of ``split`` the GMM systems train on: with ``gmm.hold_out``, all but
-    :func:`held_out_utterances` (None: every utterance)."""
-    if not config["gmm"]["hold_out"]:
-        return None
-    return set(read_table(Path(data_dir) / split / "text")) - held_out_utterances(config, data_dir, split)

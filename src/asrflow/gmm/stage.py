@@ -29,7 +29,7 @@ import numpy as np
 from asrflow.config import SAT_SOURCES
 from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_data_dir, read_table
-from asrflow.data.holdout import gmm_training_utterances
+from asrflow.data.holdout import held_out_utterances
 from asrflow.features import Projection
 from asrflow.gmm.alignments import read_alignments, write_alignments
 from asrflow.gmm.estep import AlignOptions
@@ -200,15 +200,20 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         run.log_metrics({f"{system}.{k}": v for k, v in metrics.items()}, step=step)
 
-    only = gmm_training_utterances(config, data_dir, train)  # the networks' held-out utterances left out
-
-    def shards_through(projection: Projection | None, utts: set[str] | None = only) -> list:
-        return split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=0, projection=projection,
-                            only=utts)
-
+    # the networks' held-out utterances left out of training (gmm.hold_out), aligned after it
+    held = held_out_utterances(config, data_dir, train) if config["gmm"]["hold_out"] else set()
+    only = set(read_table(Path(data_dir) / train / "text")) - held if held else None
     # lda splices the static MFCCs itself; sat reads adapted features as they are
     deltas = 0 if system in ("lda", *SAT_SOURCES) else 2
-    shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=deltas, only=only)
+
+    def shards_of(utts: set[str] | None, projection: Projection | None = None) -> list:
+        return split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, deltas=deltas, projection=projection,
+                            only=utts)
+
+    def shards_through(projection: Projection | None) -> list:
+        return shards_of(only, projection)
+
+    shards = shards_of(only)
     trained_on = sum(len(s.utts) for s in shards)
     if system == "mono":
         state = GmmState(state_dir, state_identity(config, system, shards, feats_dir, train), log)
@@ -227,13 +232,9 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                                state=state)
         if system in SAT_SOURCES:  # its unadapted features are its source's (the fmllr stage adapts them)
             result.projection = Projection.load(source_dir)
-    if only is not None:  # the held-out utterances aligned for the networks' validation
-        held = set(read_table(Path(data_dir) / train / "text")) - only
-        if deltas:
-            held_shards = split_shards(data_dir, feats_dir, lang_dir, train, shard_utts, only=held)
-        else:
-            held_shards = shards_through(result.projection if system == "lda" else None, held)
-        _align_more(config, system, result, held_shards, train, client)
+    if held:  # the held-out utterances aligned for the networks' validation (sat's projection is its source's)
+        _align_more(config, system, result, shards_of(held, result.projection if system == "lda" else None), train,
+                    client)
     result.model.save(out)
     if result.projection is not None:
         result.projection.save(out)
@@ -253,8 +254,8 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
                 "parameters": result.model.am.num_gauss * (2 * result.model.am.dim + 1),
                 "aligned": len(result.alignments), "failed": len(result.failed),
                 "seconds": round(result.seconds, 3),
-                "utterances": sum(len(s.utts) for s in shards) + (len(held) if only is not None else 0),
-                "trained_on": trained_on, "held_out": len(held) if only is not None else 0, **result.info}
+                "utterances": sum(len(s.utts) for s in shards) + len(held),
+                "trained_on": trained_on, "held_out": len(held), **result.info}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     state.finish()
     log(f"{system}: {manifest['pdfs']} pdfs, {manifest['gaussians']} Gaussians, {manifest['aligned']} aligned, "

@@ -96,13 +96,22 @@ def _run_iterations(client: Any, shards: list[Shard], progress: Progress, cfg: d
     return progress
 
 
-def _start(model: GmmModel, target: int, max_iter_inc: int, seed: int, alignments: dict | None = None,
-           failed: dict | None = None) -> Progress:
+def _start(model: GmmModel, target: int, max_iter_inc: int, seed: int) -> Progress:
     """The progress of a system about to run iteration 1 from ``model``: its Gaussians grow evenly to
     ``target`` by iteration ``max_iter_inc``."""
     numgauss = model.am.num_gauss
-    return Progress(1, model, alignments or {}, numgauss, max(0, (target - numgauss) // max(1, max_iter_inc)),
-                    np.random.default_rng(seed), failed or {})
+    return Progress(1, model, {}, numgauss, max(0, (target - numgauss) // max(1, max_iter_inc)),
+                    np.random.default_rng(seed))
+
+
+def _resumed(state: GmmState | None, begin: Callable[[], Progress]) -> Progress:
+    """``state``'s saved progress, or ``begin()``'s (saved at once, so a failure after it does not redo it)."""
+    progress = state.load() if state is not None else None
+    if progress is None:
+        progress = begin()
+        if state is not None:
+            state.save(progress)
+    return progress
 
 
 def _result(progress: Progress, start: float, cfg: dict[str, Any], info: dict | None = None,
@@ -125,11 +134,7 @@ def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path
     start = time.perf_counter()
     cfg = config["gmm"]["mono"]
     retries = config["dask"]["retries"]
-    progress = state.load() if state is not None else None
-    if progress is None:
-        progress = _equal_pass(config, shards, lang_dir, client, on_metrics, log)
-        if state is not None:
-            state.save(progress)
+    progress = _resumed(state, lambda: _equal_pass(config, shards, lang_dir, client, on_metrics, log))
     progress = _run_iterations(client, shards, progress, cfg, set(cfg["realign_iterations"]), cfg["max_iter_inc"],
                                retries, on_metrics, log, state, first_beam=cfg["initial_beam"])
     return _result(progress, start, cfg)
@@ -185,13 +190,13 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
     is saved after each iteration and resumed from."""
     start = time.perf_counter()
     cfg = config["gmm"][system]
-    progress = state.load() if state is not None else None
-    if progress is None:
+    def begin() -> Progress:
         model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
         progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
         progress.extra["info"] = info
-        if state is not None:
-            state.save(progress)
+        return progress
+
+    progress = _resumed(state, begin)
     # No convert-ali: the first pass aligns with the tree-initialised model (graphs of the new tree).
     progress = _run_iterations(client, shards, progress, cfg, {1, *cfg["realign_iterations"]}, cfg["max_iter_inc"],
                                config["dask"]["retries"], on_metrics, log, state)
@@ -212,8 +217,8 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
     cfg = config["gmm"]["lda"]
     retries = config["dask"]["retries"]
     silence = {int(x) for x in (Path(lang_dir) / "silence.int").read_text().split()}
-    progress = state.load() if state is not None else None
-    if progress is None:
+
+    def begin() -> Progress:
         blob = broadcast(client, source.to_bytes())
         plain = make_shards(None)
         per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in plain]
@@ -227,8 +232,9 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
                                   log, "lda")
         progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
         progress.extra.update(info=info, projection=projection, gains=[])
-        if state is not None:
-            state.save(progress)
+        return progress
+
+    progress = _resumed(state, begin)
     extra = progress.extra
     shards = make_shards(extra["projection"])  # through the projection reached so far
 

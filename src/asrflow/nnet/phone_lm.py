@@ -51,7 +51,7 @@ def phone_loop_text(phones: list[str]) -> str:
 
 
 def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model: Any, order: int) -> tuple[Any, float]:
-    """The HCLG of an order-``order`` phone LM over the alignments in ``ali_dir/ali/phones.txt``,
+    """The HCLG of an order-``order`` phone LM over the frame phones in ``ali_dir/ali/phones.scp``,
     for ``model`` (a :class:`~asrflow.gmm.model.GmmModel`: its tree and transition model) and the
     phones of ``lang_dir``. Returns the FST and the LM's training perplexity."""
     lang_dir, ali_path = Path(lang_dir), alignment_index(Path(ali_dir) / "ali", "phones")
