@@ -76,7 +76,7 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
         ({"experiment": "x", "corpus": {"name": "yesno"},
           "nnet": {"models": {"a": {"type": "dnn"}, "s": {"type": "adapted", "source": "a"}}},
           "evaluation": {"systems": ["s"]}},
-         "config key 'nnet.models.s.type': 'adapted' is not one of ['dnn', 'lstm', 'cnn', 'ensemble']"),
+         "config key 'nnet.models.s.type': 'adapted' is not one of ['dnn', 'lstm', 'cnn', 'conformer', 'ensemble']"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "nnet": {"cmvn": "global"}},
          "config key 'nnet.cmvn': 'global' is not one of ['speaker', 'utterance']"),
         ({"experiment": "x", "corpus": {"name": "yesno"}, "features": {"kinds": ["fbank"]},

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asrflow.config.sizes import SIZES
+from asrflow.config.sizes import PRESETS, SIZES
 from asrflow.nnet.models import MODELS, build_model, parameter_count, splice
 
 CONFIGS = [
@@ -15,6 +15,9 @@ CONFIGS = [
     {"type": "lstm", "hidden": 32, "layers": 1, "bidirectional": False},
     {"type": "cnn", "channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]},
     {"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1], "subsampling": 3},
+    {"type": "conformer", "dim": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "kernel": 5, "channels": [8]},
+    {"type": "conformer", "dim": 32, "layers": 1, "heads": 2, "ffn_dim": 48, "kernel": 3, "channels": [8, 8],
+     "subsampling": 4},
 ]
 
 
@@ -37,10 +40,36 @@ def test_shapes_lengths_and_padding_independence(config: dict) -> None:
     sub = config.get("subsampling", 1)
     assert logits.shape == (2, (30 + sub - 1) // sub, 11)
     assert out_lengths.tolist() == [(30 + sub - 1) // sub, (18 + sub - 1) // sub]
-    if config["type"] in ("dnn", "lstm") or sub == 1:
+    if config["type"] in ("dnn", "lstm", "conformer") or sub == 1:
         # the second utterance alone gives the same outputs as inside the padded batch
         alone, _ = model(x[1:, :18], lengths[1:])
-        torch.testing.assert_close(logits[1, :18], alone[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(logits[1, :out_lengths[1]], alone[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_of_realistic_size(name: str) -> None:
+    """Each preset builds, and to the size its documentation gives (40-dim input; 3,000 pdfs, CTC 500 units)."""
+    expected = {"dnn_6x2048": 28.06, "cnn_tdnn_20m": 19.68, "blstm_3x512": 17.94, "conformer_20m": 18.88}
+    outputs = 500 if name.startswith("conformer") else 3000
+    model = build_model({"preset": name}, 40, outputs)
+    assert parameter_count(model) / 1e6 == pytest.approx(expected[name], abs=0.01)
+
+
+def test_a_preset_is_one_key_and_its_sizes_can_be_overridden() -> None:
+    from asrflow.config import ConfigError, resolve_config
+
+    base = {"experiment": "x", "corpus": {"name": "yesno"}}
+    config = resolve_config({**base, "nnet": {"models": {"big": {"preset": "dnn_6x2048", "hidden": 1024}}},
+                             "evaluation": {"systems": ["big"]}})
+    big = config["nnet"]["models"]["big"]
+    assert (big["type"], big["layers"], big["hidden"], big["context"]) == ("dnn", 6, 1024, 5)
+    with pytest.raises(ConfigError, match="unknown preset 'huge'; known: dnn_6x2048"):
+        resolve_config({**base, "nnet": {"models": {"big": {"preset": "huge"}}}})
+    with pytest.raises(ConfigError, match="preset blstm_3x512 is a lstm model, but type is dnn"):
+        resolve_config({**base, "nnet": {"models": {"big": {"preset": "blstm_3x512", "type": "dnn"}}}})
+    with pytest.raises(ConfigError, match="subsampling must be 1 for a hybrid"):
+        resolve_config({**base, "nnet": {"models": {"c": {"preset": "conformer_20m"}}},
+                        "evaluation": {"systems": ["c"]}})
 
 
 def test_model_trains_on_a_toy_task() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from asrflow.config.sizes import complete_model_config, network_config
+from asrflow.config.sizes import complete_model_config, expand_preset, network_config
 from asrflow.parallel import overlap_conflict
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -154,6 +154,7 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
     """
     schema = _load_schema(schema_file)
     config = copy.deepcopy(dict(raw or {}))
+    _expand_presets(config)
     _fill_defaults(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
@@ -169,6 +170,17 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
                           f"(lexicon: {config['lang']['lexicon']}, lexicon_file: {config['lang']['lexicon_file']})")
     _check_systems(config)
     return config
+
+
+def _expand_presets(config: dict[str, Any]) -> None:
+    """Give every network with a ``preset`` the preset's type and sizes (before defaults, so its own keys win)."""
+    models = (config.get("nnet") or {}).get("models") or {}
+    for name, model in models.items():
+        if isinstance(model, dict):
+            try:
+                models[name] = expand_preset(model)
+            except ValueError as exc:
+                raise ConfigError(f"config key 'nnet.models.{name}': {exc}") from None
 
 
 #: GMM-HMM systems the gmm rule trains (mono: flat start; tri: Δ+ΔΔ triphones; lda: LDA+MLLT triphones;

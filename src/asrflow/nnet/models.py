@@ -1,4 +1,5 @@
-"""Acoustic models: DNN over spliced frames, (B)LSTM with optional projection, CNN + TDNN, and ensembles of them.
+"""Acoustic models: DNN over spliced frames, (B)LSTM with optional projection, CNN + TDNN, Conformer, and
+ensembles of them.
 
 One factory, :func:`build_model`, builds every variant from a config dict, so a new model
 is a config, not a copy of the trainer. Every model maps features ``(batch, frames, dim)``
@@ -94,19 +95,9 @@ class CNN(nn.Module):
     def __init__(self, input_dim: int, output_dim: int, *, channels: tuple[int, ...], tdnn_dim: int,
                  tdnn_dilations: tuple[int, ...], subsampling: int, dropout: float) -> None:
         super().__init__()
-        self.conv = nn.ModuleList()
-        in_ch, freq = 1, input_dim
-        for i, ch in enumerate(channels):
-            stride_t = subsampling if i == 0 else 1
-            self.conv.append(nn.Sequential(
-                nn.Conv2d(in_ch, ch, kernel_size=3, stride=(stride_t, 2 if freq >= 8 else 1), padding=1,
-                          padding_mode="replicate"),
-                nn.ReLU(), nn.BatchNorm2d(ch)))
-            freq = (freq + 1) // 2 if freq >= 8 else freq
-            in_ch = ch
-        self.subsampling = subsampling
+        self.strides = (subsampling,) + (1,) * (len(channels) - 1)
+        self.conv, size = conv_front_end(input_dim, channels, self.strides)
         self.tdnn = nn.ModuleList()
-        size = in_ch * freq
         for d in tdnn_dilations:
             self.tdnn.append(nn.Sequential(
                 nn.Conv1d(size, tdnn_dim, kernel_size=3, dilation=d, padding=d, padding_mode="replicate"),
@@ -115,15 +106,133 @@ class CNN(nn.Module):
         self.output = nn.Linear(size, output_dim)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out_lengths = (lengths + self.subsampling - 1) // self.subsampling
-        y = x.unsqueeze(1)  # (B, 1, T, F)
-        for block in self.conv:
-            y = hold_last(block(y), out_lengths, dim=2)
-        b, c, t, f = y.shape
-        y = y.permute(0, 1, 3, 2).reshape(b, c * f, t)
+        y, out_lengths = run_front_end(self.conv, self.strides, x, lengths)
+        y = y.transpose(1, 2)  # (B, C·F, T')
         for block in self.tdnn:
             y = hold_last(block(y), out_lengths, dim=2)
         return self.output(y.transpose(1, 2)), out_lengths
+
+
+def conv_front_end(input_dim: int, channels: tuple[int, ...], strides: tuple[int, ...]) -> tuple[nn.ModuleList, int]:
+    """3 × 3 convolutions over (time, frequency), each with its time stride, halving the frequency
+    axis while it has 8 bins or more; the blocks and the features per output frame (channels × bins)."""
+    blocks = nn.ModuleList()
+    in_ch, freq = 1, input_dim
+    for ch, stride_t in zip(channels, strides):
+        blocks.append(nn.Sequential(
+            nn.Conv2d(in_ch, ch, kernel_size=3, stride=(stride_t, 2 if freq >= 8 else 1), padding=1,
+                      padding_mode="replicate"),
+            nn.ReLU(), nn.BatchNorm2d(ch)))
+        freq = (freq + 1) // 2 if freq >= 8 else freq
+        in_ch = ch
+    return blocks, in_ch * freq
+
+
+def run_front_end(blocks: nn.ModuleList, strides: tuple[int, ...], x: torch.Tensor,
+                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (B, T, D) through :func:`conv_front_end`'s blocks: (B, T', C·F) and the output lengths.
+
+    Convolutions pad by repeating edge frames and every block's padding is refilled with each
+    utterance's last frame, so an utterance gives the same output alone or in a batch.
+    """
+    y = x.unsqueeze(1)  # (B, 1, T, F)
+    for block, stride in zip(blocks, strides):
+        lengths = (lengths + stride - 1) // stride
+        y = hold_last(block(y), lengths, dim=2)
+    b, c, t, f = y.shape
+    return y.permute(0, 2, 1, 3).reshape(b, t, c * f), lengths
+
+
+class Conformer(nn.Module):
+    """Conformer encoder (Gulati et al. 2020): a convolutional front end (``subsampling`` 1, 2 or 4 by
+    stride-2 convolutions), sinusoidal positions, then blocks of half feed-forward, self-attention,
+    convolution module and half feed-forward, each residual, with a final LayerNorm.
+
+    Attention ignores padding frames (a key mask) and the convolution module zeroes them before
+    its depthwise convolution, as an utterance alone sees zeros past its edges, so an utterance
+    gives the same output alone or in a batch. The convolution module normalises with LayerNorm
+    rather than BatchNorm, so padding never enters its statistics.
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, *, dim: int, layers: int, heads: int, ffn_dim: int,
+                 kernel: int, channels: tuple[int, ...], subsampling: int, dropout: float) -> None:
+        super().__init__()
+        if subsampling not in (1, 2, 4):
+            raise ValueError(f"a conformer's subsampling must be 1, 2 or 4, not {subsampling}")
+        halvings = subsampling.bit_length() - 1
+        if len(channels) < halvings:
+            raise ValueError(f"subsampling {subsampling} needs {halvings} convolutions, channels has {len(channels)}")
+        if dim % heads or kernel % 2 == 0:
+            raise ValueError(f"a conformer needs dim a multiple of heads and an odd kernel (dim {dim}, heads {heads}, "
+                             f"kernel {kernel})")
+        self.strides = (2,) * halvings + (1,) * (len(channels) - halvings)
+        self.front, size = conv_front_end(input_dim, channels, self.strides)
+        self.input = nn.Linear(size, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(ConformerBlock(dim, heads, ffn_dim, kernel, dropout) for _ in range(layers))
+        self.output = nn.Linear(dim, output_dim)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, out_lengths = run_front_end(self.front, self.strides, x, lengths)
+        y = self.input(y)
+        y = self.dropout(y + sinusoids(y.shape[1], y.shape[2], y.device).to(y.dtype))
+        valid = torch.arange(y.shape[1], device=y.device).unsqueeze(0) < out_lengths.to(y.device).unsqueeze(1)
+        for block in self.blocks:
+            y = block(y, valid)
+        return self.output(y), out_lengths
+
+
+def sinusoids(frames: int, dim: int, device: torch.device) -> torch.Tensor:
+    """The Transformer's sinusoidal position encodings (frames, dim)."""
+    position = torch.arange(frames, device=device, dtype=torch.float32).unsqueeze(1)
+    rate = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    out = torch.zeros(frames, dim, device=device)
+    out[:, 0::2] = torch.sin(position * rate)
+    out[:, 1::2] = torch.cos(position * rate[: dim // 2])
+    return out
+
+
+class ConformerBlock(nn.Module):
+    """½ FFN → multi-head self-attention → convolution module → ½ FFN → LayerNorm, each residual."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, kernel: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ffn1, self.ffn2 = (nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, ffn_dim), nn.SiLU(),
+                                              nn.Dropout(dropout), nn.Linear(ffn_dim, dim), nn.Dropout(dropout))
+                                for _ in range(2))
+        self.attn_norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_out = nn.Linear(dim, dim)
+        self.conv_norm = nn.LayerNorm(dim)
+        self.pointwise_in = nn.Linear(dim, 2 * dim)
+        self.depthwise = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+        self.depthwise_norm = nn.LayerNorm(dim)
+        self.pointwise_out = nn.Linear(dim, dim)
+        self.drop = nn.Dropout(dropout)
+        self.final_norm = nn.LayerNorm(dim)
+        self.attention_dropout = dropout
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """``x`` (B, T, dim); ``valid`` (B, T) marks the frames that are not padding."""
+        x = x + 0.5 * self.ffn1(x)
+        x = x + self.drop(self.attention(self.attn_norm(x), valid))
+        x = x + self.drop(self.convolution(self.conv_norm(x), valid))
+        x = x + 0.5 * self.ffn2(x)
+        return self.final_norm(x)
+
+    def attention(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :],
+                                                       dropout_p=self.attention_dropout if self.training else 0.0)
+        return self.attn_out(y.transpose(1, 2).reshape(b, t, d))
+
+    def convolution(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.glu(self.pointwise_in(x), dim=-1)
+        y = y.masked_fill(~valid.unsqueeze(2), 0.0)
+        y = self.depthwise(y.transpose(1, 2)).transpose(1, 2)
+        return self.pointwise_out(nn.functional.silu(self.depthwise_norm(y)))
 
 
 class Ensemble(nn.Module):
@@ -158,7 +267,7 @@ class Ensemble(nn.Module):
         return log_post.mean(dim=0), out_lengths
 
 
-MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "ensemble": Ensemble}
+MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "conformer": Conformer, "ensemble": Ensemble}
 
 
 def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:

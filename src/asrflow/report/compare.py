@@ -25,8 +25,9 @@ GMM_SIZES = {"mono": ("gaussians",), "tri": ("leaves", "gaussians"), "lda": ("le
 PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 #: the tune stage's figures (held-out utterances, the chosen decoder setting), as columns
 TUNED_COLUMNS = {"held_out_wer": "held-out WER %"}
-NNET_SIZES = ("hidden", "layers", "context", "bidirectional", "projection", "channels", "tdnn_dim", "tdnn_dilations",
-              "subsampling", "units", "vocab_size", "members", "combine")
+NNET_SIZES = ("preset", "hidden", "dim", "heads", "ffn_dim", "kernel", "layers", "context", "bidirectional",
+              "projection", "channels", "tdnn_dim", "tdnn_dilations", "subsampling", "units", "vocab_size",
+              "members", "combine")
 
 
 @dataclass
