@@ -416,7 +416,8 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
 LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
 # Settings that change where or how fast a network trains, never what it learns: left out of
 # its fingerprint, so changing them retrains nothing.
-RUNTIME_KEYS = {"parallel": LAUNCH_KEYS, "train": ("prefetch", "checkpoint_minutes")}
+RUNTIME_KEYS = {"parallel": LAUNCH_KEYS,
+                "train": ("prefetch", "checkpoint_minutes", "loader_workers", "log_every", "compile")}
 
 # Parts of a section that only one stage reads, keyed by the section's full key: left out of the
 # section's hash elsewhere (decode.tune: the GMM tune stage, "tune_gmm", whose folder the decodes

@@ -153,3 +153,38 @@ def test_checkpoints_between_epoch_ends_wait_for_the_clock(fbank, tmp_path: Path
         mid_epoch = [p for p in positions if p[1] > 0]
         assert [p for p in positions if p[1] == 0] == [(1, 0), (2, 0)]  # the two epoch ends
         assert (not mid_epoch) if minutes else len(mid_epoch) > 2
+
+
+def test_loader_workers_and_metric_intervals_change_no_result(fbank, tmp_path: Path) -> None:  # noqa: F811
+    """Batches made by DataLoader worker processes train the same model as the background thread; metrics
+    come every log_every steps and at each epoch end, as means over the steps since the last."""
+    import numpy as np
+
+    from asrflow.config.settings import Training
+    from asrflow.data.datadir import read_table
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.train import train
+
+    frames = {u: int(n) for u, n in read_table(fbank / "fbank" / "train" / "utt2num_frames").items()}
+    targets = {u: np.arange(n) * 4 // n for u, n in frames.items()}
+    data = FeatureDataset(fbank / "data", fbank / "fbank", "train", targets)
+    model = {"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.1}
+    finals, logs = [], []
+    for workers, every in ((0, 50), (2, 3)):
+        logged: list[tuple[int, dict]] = []
+        opts = Training.defaults(epochs=2, max_frames=2000, lr=3e-3, warmup_steps=2, seed=1, loader_workers=workers,
+                                 log_every=every,
+                                 specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
+        summary = train(model, opts, data, data, 4, tmp_path / f"w{workers}", log=lambda *_: None,
+                        log_metrics=lambda step, m, into=logged: into.append((step, m)))
+        finals.append(torch.load(tmp_path / f"w{workers}" / "final.pt", weights_only=True)["model"])
+        logs.append([(step, m) for step, m in logged if "loss" in m])
+    for key, value in finals[0].items():
+        assert torch.equal(value, finals[1][key]), key
+    per_epoch = summary["steps"] // 2
+    assert [step for step, _ in logs[0]] == [per_epoch, 2 * per_epoch]  # only the epoch ends
+    expected = sorted({*range(3, 2 * per_epoch + 1, 3), per_epoch, 2 * per_epoch})
+    assert [step for step, _ in logs[1]] == expected
+    for _, metrics in logs[1]:
+        assert 0 < metrics["loss"] < 10 and 0 <= metrics["frame_accuracy"] <= 1 and metrics["frames_per_second"] > 0
+        assert 0 <= metrics["data_wait_fraction"] <= 1

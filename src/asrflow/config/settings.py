@@ -128,6 +128,9 @@ class Training(Settings):
     patience: int
     amp: bool
     prefetch: int
+    loader_workers: int
+    log_every: int
+    compile: bool
     seed: int | None
     deterministic: bool
     speed_perturb: bool

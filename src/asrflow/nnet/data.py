@@ -264,3 +264,34 @@ def prefetched(make: Callable[[int], T], indices: Iterable[int], depth: int) -> 
         finally:
             for _, future in pending:
                 future.cancel()
+
+
+class _Made(torch.utils.data.Dataset):
+    """``(index, make(index))`` for the given indices, as a map-style dataset for DataLoader workers."""
+
+    def __init__(self, make: Callable[[int], T], indices: Iterable[int]) -> None:
+        self.make, self.indices = make, list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, position: int) -> tuple[int, T]:
+        index = self.indices[position]
+        return index, self.make(index)
+
+
+def loaded(make: Callable[[int], T], indices: Iterable[int], workers: int, depth: int,
+           pin: bool = False) -> Iterator[tuple[int, T]]:
+    """``(index, make(index))`` in order, made by ``workers`` processes (torch DataLoader workers, about
+    ``depth`` items ahead in all, pinned in the main process when ``pin``), or by :func:`prefetched`'s
+    thread when ``workers`` is 0 (``make`` then pins itself). ``make`` must depend on its index alone and
+    must not touch a GPU, so any number of workers gives the same items."""
+    if workers <= 0:
+        yield from prefetched(make, indices, depth)
+        return
+    # a generator of its own: the loader's worker seeds must not be drawn from the global generator,
+    # which draws the training's dropout masks
+    loader = torch.utils.data.DataLoader(_Made(make, indices), batch_size=None, shuffle=False, num_workers=workers,
+                                         prefetch_factor=max(1, -(-depth // workers)), pin_memory=pin,
+                                         generator=torch.Generator().manual_seed(0))
+    yield from loader

@@ -185,6 +185,5 @@ class MmiObjective:
         loglikes = self.acoustic_scale * (F.log_softmax(logits.double(), dim=-1) - self.log_priors)
         per_frame = mmi(loglikes, out_lengths, targets, self.graph).sum() / max(stats.count, 1)
         loss = cross_entropy + self.weight * per_frame.float()
-        mmi_value = float(per_frame.detach())
-        return loss, LossStats(float(loss.detach()) * stats.count, stats.count, stats.correct, stats.frames,
-                               {"mmi": mmi_value * stats.count})
+        return loss, LossStats(loss.detach() * stats.count, stats.count, stats.correct, stats.frames,
+                               {"mmi": per_frame.detach().float() * stats.count})

@@ -2,6 +2,9 @@
 
 Both take the model's logits ``(B, T', C)``, its output lengths and the padded batch, and
 return the mean loss with counts for logging. The trainer does not know which it runs.
+
+Nothing here waits for a GPU: sums stay tensors on the model's device (the trainer reads them
+every ``log_every`` steps), and counts come from the batch's lengths, which stay on the CPU.
 """
 
 from __future__ import annotations
@@ -16,25 +19,25 @@ BLANK = 0  # CTC blank index; units are numbered from 1
 
 @dataclass
 class LossStats:
-    """Loss summed over the batch, with what it was summed over."""
+    """Loss summed over the batch, with what it was summed over (sums as detached tensors on the model's device)."""
 
-    loss_sum: float
+    loss_sum: torch.Tensor
     count: int  # frames (hybrid) or utterances (CTC)
-    correct: int | None = None  # correctly classified frames (hybrid only)
+    correct: torch.Tensor | None = None  # correctly classified frames (hybrid only)
     frames: int = 0  # input frames in the batch (for throughput)
-    parts: dict[str, float] = field(default_factory=dict)  # terms of a combined loss, summed like loss_sum
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)  # terms of a combined loss, summed like loss_sum
 
 
 def frame_cross_entropy(logits: torch.Tensor, out_lengths: torch.Tensor,
                         batch: dict) -> tuple[torch.Tensor, LossStats]:
-    """Mean cross-entropy over the non-padding frames (targets padded with -100)."""
+    """Mean cross-entropy over the non-padding frames (targets padded with -100; their number is the
+    sum of ``target_lengths``)."""
     targets = batch["targets"].to(logits.device)
-    mask = targets != -100
-    picked = logits[mask].float()
-    loss = F.cross_entropy(picked, targets[mask])
-    frames = int(mask.sum())
-    correct = int((picked.argmax(-1) == targets[mask]).sum())
-    return loss, LossStats(float(loss.detach()) * frames, frames, correct, frames)
+    lengths = batch.get("target_lengths")
+    frames = int(lengths.sum()) if lengths is not None else int((targets != -100).sum())
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    correct = ((logits.detach().argmax(-1) == targets) & (targets != -100)).sum()
+    return loss / max(frames, 1), LossStats(loss.detach(), frames, correct, frames)
 
 
 def ctc(logits: torch.Tensor, out_lengths: torch.Tensor, batch: dict) -> tuple[torch.Tensor, LossStats]:
@@ -50,7 +53,7 @@ def ctc(logits: torch.Tensor, out_lengths: torch.Tensor, batch: dict) -> tuple[t
     loss_sum = F.ctc_loss(log_probs, flat, out_lengths.to(logits.device), target_lengths, blank=BLANK,
                           reduction="sum", zero_infinity=True)
     n = targets.shape[0]
-    return loss_sum / n, LossStats(float(loss_sum.detach()), n, None, int(batch["lengths"].sum()))
+    return loss_sum / n, LossStats(loss_sum.detach(), n, None, int(batch["lengths"].sum()))
 
 
 OBJECTIVES = {"hybrid": frame_cross_entropy, "ctc": ctc}

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from asrflow.config.settings import Parallel, Training
 from asrflow.nnet import NnetError
-from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, prefetched, spec_augment
+from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, loaded, spec_augment
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.parallel.strategies import make_strategy
@@ -142,7 +142,10 @@ def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: Trainin
 
 
 def _to(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """The batch's tensors on ``device``, but its lengths on the CPU, where the objectives count frames
+    without waiting for the GPU (the models move them where they need them)."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) and not k.endswith("lengths") else v
+            for k, v in batch.items()}
 
 
 def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, objective: str = "hybrid",
@@ -153,7 +156,9 @@ def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, o
     device = device or torch.device("cpu")
     loss_fn = criterion or OBJECTIVES[objective]
     model.eval()
-    loss_sum = count = correct = 0.0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
     sampler = BucketBatchSampler(dataset.lengths, max_frames, seed=0)
     with torch.no_grad(), _autocast(device, amp):
         for indices in sampler:
@@ -162,10 +167,11 @@ def evaluate(model: torch.nn.Module, dataset: FeatureDataset, max_frames: int, o
             _, stats = loss_fn(logits, out_lengths, batch)
             loss_sum += stats.loss_sum
             count += stats.count
-            correct += stats.correct or 0
+            if stats.correct is not None:
+                correct += stats.correct
     model.train()
-    accuracy = correct / max(count, 1) if objective == "hybrid" else None
-    return loss_sum / max(count, 1), accuracy
+    accuracy = float(correct) / max(count, 1) if objective == "hybrid" else None
+    return float(loss_sum) / max(count, 1), accuracy
 
 
 def _average(values: list[float], device: torch.device, world: int) -> list[float]:
@@ -187,7 +193,8 @@ def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, sch
     return state
 
 
-RUNTIME_OPTIONS = ("prefetch", "checkpoint_minutes")  # training options that change no result
+# training options that change no result
+RUNTIME_OPTIONS = ("prefetch", "checkpoint_minutes", "log_every", "loader_workers", "compile")
 
 def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
     """Every learner's ``value`` on learner 0 (None elsewhere)."""
@@ -253,7 +260,7 @@ class _Run:
         self.model = self._model(model_config, num_classes, init)
         torch.manual_seed(opts.seed + 7919 * self.rank)  # same initial model everywhere; own dropout masks per learner
         self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=opts.lr * parallel.lr_factor(self.world),
-                                           weight_decay=opts.weight_decay)
+                                           weight_decay=opts.weight_decay, fused=self.device.type == "cuda")
         self.schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(self.world))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
         self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
@@ -278,6 +285,8 @@ class _Run:
         self.valid_part = valid_set.part(self.rank, self.world)
         self.resumed = False
         self.saved_at = time.monotonic()
+        self.window = _Window()
+        self.forward = torch.compile(self.model, dynamic=True) if opts.compile else self.model
         self.totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0,
                        "bytes": 0.0, "steps": 0, "held_out": 0.0}
 
@@ -357,9 +366,10 @@ class _Run:
         """The rest of the current epoch's steps, then its held-out evaluation and checkpoint."""
         self.sampler.set_epoch(self.state["epoch"])
         batches = self.sampler.epoch_batches()
+        cuda, workers = self.device.type == "cuda", self.opts.loader_workers
         make = partial(_make_batch, self.train_set, batches, self.opts, self.objective, self.state["epoch"], self.rank,
-                       pin=self.device.type == "cuda")
-        steps = prefetched(make, range(self.state["batch"], len(batches)), self.opts.prefetch)
+                       pin=cuda and not workers)
+        steps = loaded(make, range(self.state["batch"], len(batches)), workers, self.opts.prefetch, pin=cuda)
         while True:
             t0 = time.perf_counter()  # the wait for the next batch is the step's data time
             index, batch = next(steps, (None, None))
@@ -372,16 +382,21 @@ class _Run:
         self.totals["held_out"] += time.perf_counter() - held_out_start
 
     def step(self, index: int, batch: dict, t0: float) -> None:
-        """One training step on ``batch`` (batch ``index`` of the epoch, read since ``t0``)."""
+        """One training step on ``batch`` (batch ``index`` of the epoch, read since ``t0``).
+
+        With one learner nothing here waits for the GPU: the loss and accuracy are summed on the
+        device and read every ``log_every`` steps (:meth:`flush_metrics`). With several, the
+        step's computation is timed to the end (the timing model's T_calc) before the exchange.
+        """
         batch = _to(batch, self.device)
         t1 = time.perf_counter()
         self.strategy.begin_step()
         with _autocast(self.device, self.opts.amp):
-            logits, out_lengths = self.model(batch["feats"], batch["lengths"])
+            logits, out_lengths = self.forward(batch["feats"], batch["lengths"])
         loss, stats = self.loss_fn(logits, out_lengths, batch)
-        self.optimiser.zero_grad()
+        self.optimiser.zero_grad(set_to_none=True)
         loss.backward()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.world > 1:
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         self.strategy.finish_step()
@@ -395,20 +410,21 @@ class _Run:
                            ("transmit", times.transmit), ("merge", times.merge), ("wait", times.wait),
                            ("bytes", times.bytes), ("steps", 1)):
             self.totals[key] += value
-        metrics = {"loss": float(loss.detach()), "lr": self.scheduler.get_last_lr()[0],
-                   "frames_per_second": stats.frames * self.world / (t3 - t0),
-                   "data_wait_fraction": (t1 - t0) / (t3 - t0)}
-        if self.world > 1:
-            metrics.update(times.as_dict())
-        if stats.correct is not None:
-            metrics["frame_accuracy"] = stats.correct / max(stats.count, 1)
-        metrics.update({name: value / max(stats.count, 1) for name, value in stats.parts.items()})
-        self.log_metrics(self.state["step"], metrics)
+        self.window.add(stats, t3 - t0, t1 - t0, times.as_dict() if self.world > 1 else {})
+        if self.state["step"] % self.opts.log_every == 0:
+            self.flush_metrics()
         if self.state["step"] % self.opts.checkpoint_every == 0 and self.checkpoint_due():
             self.save()
 
+    def flush_metrics(self) -> None:
+        """Log the steps since the last flush (one read of the device's sums)."""
+        if self.window.steps:
+            self.log_metrics(self.state["step"], self.window.metrics(self.world, self.scheduler.get_last_lr()[0]))
+            self.window = _Window()
+
     def end_epoch(self) -> None:
         """Held-out evaluation, newbob, the best model and early stopping, then the epoch's checkpoint."""
+        self.flush_metrics()
         state = self.state
         valid_loss, valid_acc = self.held_out()
         self.log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
@@ -452,6 +468,45 @@ class _Run:
                 "frames_per_second": totals["frames"] * self.world / busy, "data_wait_fraction": totals["data"] / busy,
                 **{f"mean_t_{key}": totals[key] / steps for key in ("data", "calc", "transmit", "merge", "wait")},
                 "mean_bytes_per_step": totals["bytes"] / steps}
+
+
+class _Window:
+    """The training steps since metrics were last logged: loss and accuracy summed on the device, times on the host."""
+
+    def __init__(self) -> None:
+        self.steps = self.count = self.frames = 0
+        self.seconds = self.data = 0.0
+        self.loss: torch.Tensor | float = 0.0
+        self.correct: torch.Tensor | None = None
+        self.parts: dict[str, torch.Tensor] = {}
+        self.times: dict[str, float] = {}
+
+    def add(self, stats: Any, seconds: float, data: float, times: dict[str, float]) -> None:
+        """One step's statistics, its wall time and the part of it spent waiting for data."""
+        self.steps += 1
+        self.count += stats.count
+        self.frames += stats.frames
+        self.seconds += seconds
+        self.data += data
+        self.loss = self.loss + stats.loss_sum.double()
+        if stats.correct is not None:
+            self.correct = stats.correct if self.correct is None else self.correct + stats.correct
+        for name, value in stats.parts.items():
+            self.parts[name] = self.parts.get(name, 0.0) + value.double()
+        for name, value in times.items():
+            self.times[name] = self.times.get(name, 0.0) + value
+
+    def metrics(self, world: int, lr: float) -> dict[str, float]:
+        """Means over the window (throughput of all learners together)."""
+        count = max(self.count, 1)
+        out = {"loss": float(self.loss) / count, "lr": lr,
+               "frames_per_second": self.frames * world / max(self.seconds, 1e-9),
+               "data_wait_fraction": self.data / max(self.seconds, 1e-9)}
+        if self.correct is not None:
+            out["frame_accuracy"] = float(self.correct) / count
+        out.update({name: float(value) / count for name, value in self.parts.items()})
+        out.update({name: value / self.steps for name, value in self.times.items()})
+        return out
 
 
 def _held_out(model: torch.nn.Module, part: FeatureDataset, opts: Training, objective: str,

@@ -122,10 +122,11 @@ class Strategy:
     # --- helpers for subclasses -----------------------------------------------------------
     @contextmanager
     def timed(self, field: str) -> Iterator[None]:
-        """Add the block's wall time to ``self.times.<field>`` (synchronising a GPU first)."""
+        """Add the block's wall time to ``self.times.<field>`` (synchronising a GPU first when several
+        learners time their exchanges; one learner never waits for its GPU)."""
         start = time.perf_counter()
         yield
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.world > 1:
             torch.cuda.synchronize(self.device)
         setattr(self.times, field, getattr(self.times, field) + time.perf_counter() - start)
 
