@@ -73,13 +73,36 @@ def cmd_bench_nnet(args: argparse.Namespace) -> int:
 
     from asrflow.nnet.bench import run_benchmark, table
 
-    config = _load(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.bare:
+        return _bench_bare(args)
+    missing = [f"--{name}" for name in ("config", "systems", "data", "features") if not getattr(args, name)]
+    if missing:
+        raise ConfigError(f"bench nnet needs {', '.join(missing)} (or --bare, on synthetic data)")
+    config = _load(args)
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm, "lang": args.lang}
     frames = [int(f) for f in args.max_frames.split(",")] if args.max_frames else [None]
     try:
         rows = run_benchmark(config, args.systems, paths, args.epochs, frames, args.out, log=_log)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    print(table(rows))
+    return 0
+
+
+def _bench_bare(args: argparse.Namespace) -> int:
+    """The trainer against a bare loop for model presets, on synthetic data; print the table."""
+    from asrflow.config.settings import Training
+    from asrflow.nnet.bare import default_steps, run_bare, table
+
+    max_frames = int(args.max_frames or 64000)
+    opts = Training.defaults(epochs=args.epochs, max_frames=max_frames, lr=1e-4, warmup_steps=10, patience=args.epochs,
+                             loader_workers=args.workers, prefetch=max(2, 2 * args.workers), compile=args.compile,
+                             log_every=10, checkpoint_minutes=10000.0)
+    try:
+        rows = run_bare(args.presets.split(","), args.frames, opts, default_steps(args.frames, max_frames), args.out,
+                        log=_log)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     print(table(rows))
@@ -123,10 +146,11 @@ def register(sub: Any) -> Any:
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_scale)
 
-    p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"))
-    p.add_argument("--systems", nargs="+", required=True, help="names in nnet.models")
+    p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"),
+                    required=False)
+    p.add_argument("--systems", nargs="+", help="names in nnet.models")
     for name in ("data", "features"):
-        p.add_argument(f"--{name}", required=True)
+        p.add_argument(f"--{name}")
     p.add_argument("--train", default="train")
     p.add_argument("--gmm", help="GMM system folder with the alignments (hybrid networks)")
     p.add_argument("--lang", help="lang folder (CTC over phones)")
@@ -134,5 +158,12 @@ def register(sub: Any) -> Any:
     p.add_argument("--max-frames", help="comma-separated batch sizes in frames (default: each network's own)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--out", default=None, help="append the JSON rows to this file")
+    p.add_argument("--bare", action="store_true", help="model presets on synthetic data: the trainer against a bare "
+                   "loop on the same model and batch shape, the data path alone, MFU (no corpus needed)")
+    p.add_argument("--presets", default="dnn_6x2048,cnn_tdnn_20m,blstm_3x512,conformer_20m",
+                   help="--bare: comma-separated model presets")
+    p.add_argument("--frames", type=int, default=2_260_000, help="--bare: frames of synthetic data (one epoch)")
+    p.add_argument("--workers", type=int, default=4, help="--bare: the trainer's loader_workers")
+    p.add_argument("--compile", action="store_true", help="--bare: train through torch.compile")
     p.set_defaults(func=cmd_bench_nnet)
     return bench

@@ -20,8 +20,8 @@ def _load(args: argparse.Namespace) -> dict[str, Any]:
     return load_config(*args.config)
 
 
-def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the required ``--config/-c`` option to ``p``; return ``p``."""
-    p.add_argument("--config", "-c", nargs="+", required=True, metavar="YAML",
+def with_config(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
+    """Add the ``--config/-c`` option (required unless told otherwise) to ``p``; return ``p``."""
+    p.add_argument("--config", "-c", nargs="+", required=required, metavar="YAML",
                    help="config files; later ones overlay earlier ones")
     return p

@@ -501,7 +501,7 @@ class _Window:
         count = max(self.count, 1)
         out = {"loss": float(self.loss) / count, "lr": lr,
                "frames_per_second": self.frames * world / max(self.seconds, 1e-9),
-               "data_wait_fraction": self.data / max(self.seconds, 1e-9)}
+               "data_wait_fraction": self.data / max(self.seconds, 1e-9), "step_seconds": self.seconds / self.steps}
         if self.correct is not None:
             out["frame_accuracy"] = float(self.correct) / count
         out.update({name: float(value) / count for name, value in self.parts.items()})
