@@ -27,6 +27,10 @@ MODELS = {
     "lstm": ({"type": "lstm", "hidden": 32, "layers": 1, "bidirectional": True}, "hybrid"),
     "cnn": ({"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]}, "hybrid"),
     "ctc": ({"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1, 2], "subsampling": 2}, "ctc"),
+    "conformer": ({"type": "conformer", "dim": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "kernel": 5,
+                   "channels": [8]}, "hybrid"),
+    "conformer_ctc": ({"type": "conformer", "dim": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "kernel": 5,
+                       "channels": [8, 8], "subsampling": 4}, "ctc"),
 }
 
 
@@ -114,3 +118,18 @@ def test_two_learners_on_one_gpu_are_refused_with_a_clear_message(tmp_path: Path
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "learner 1 of this node has no GPU: the node has 1 GPU(s)" in proc.stdout + proc.stderr
+
+
+def test_loader_workers_and_compile_train_the_same_network_on_the_gpu(tmp_path: Path) -> None:
+    """DataLoader workers (pinned batches) and torch.compile on CUDA: the network learns as without them."""
+    labels = synthetic_split(tmp_path)
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
+    config = {"type": "dnn", "hidden": 64, "layers": 2, "context": 2}
+    opts = Training.defaults(epochs=6, max_frames=2000, lr=5e-3, warmup_steps=5, patience=6, amp=True,
+                             loader_workers=2, compile=True, log_every=2)
+    logged: list[dict] = []
+    summary = train(config, opts, data, data, 4, tmp_path / "out", log=lambda *_: None,
+                    log_metrics=lambda step, m: logged.append(m))
+    assert summary["device"].startswith("cuda")
+    assert summary["best_valid_loss"] < 0.5 * np.log(4.0) and summary["best_valid_frame_accuracy"] > 0.8
+    assert any("frame_accuracy" in m for m in logged)
