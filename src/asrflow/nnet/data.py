@@ -129,15 +129,15 @@ class BucketBatchSampler(torch.utils.data.Sampler):
         """Frames a batch costs once padded to its longest utterance."""
         return len(batch) * max(self.lengths[i] for i in batch)
 
-    def epoch_batches(self) -> list[list[int]]:
-        """This rank's batches for the current epoch, in a seed- and epoch-determined order.
+    def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This rank's batches for ``epoch`` (default: the current one), in a seed- and epoch-determined order.
 
         With several ranks, the epoch's batches (a random multiple of ``world_size`` of them)
         are sorted by padded size and dealt out in groups of ``world_size`` neighbours, one to
         each rank, the groups in random order: at every step the ranks' batches cost about
         the same, so the learners of a synchronous or ring exchange reach it together.
         """
-        rng = np.random.default_rng([self.seed, self.epoch])
+        rng = np.random.default_rng([self.seed, self.epoch if epoch is None else epoch])
         order = rng.permutation(len(self.batches))
         if self.world_size == 1:
             return [list(rng.permutation(self.batches[i])) for i in order]

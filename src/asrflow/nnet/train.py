@@ -18,8 +18,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +122,23 @@ def learner_device(local_rank: int, gpus: int) -> torch.device:
 def _autocast(device: torch.device, enabled: bool):
     """bfloat16 autocast on a GPU (no loss scaling needed); a no-op context on CPU."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
+
+
+class _BatchMaker:
+    """Training batch (epoch, index) of the run (:func:`_make_batch`), the epoch's batch order drawn once per
+    process and epoch: in the trainer's thread or a loader worker alike."""
+
+    def __init__(self, dataset: FeatureDataset, sampler: BucketBatchSampler, opts: Training, objective: str,
+                 rank: int, pin: bool) -> None:
+        self.dataset, self.sampler, self.opts, self.objective, self.rank, self.pin = (dataset, sampler, opts,
+                                                                                      objective, rank, pin)
+        self.epoch, self.batches = -1, []
+
+    def __call__(self, key: tuple[int, int]) -> dict:
+        epoch, index = key
+        if epoch != self.epoch:
+            self.epoch, self.batches = epoch, self.sampler.epoch_batches(epoch)
+        return _make_batch(self.dataset, self.batches, self.opts, self.objective, epoch, self.rank, index, self.pin)
 
 
 def _make_batch(dataset: FeatureDataset, batches: list[list[int]], opts: Training, objective: str, epoch: int,
@@ -286,6 +302,8 @@ class _Run:
         self.resumed = False
         self.saved_at = time.monotonic()
         self.window = _Window()
+        self.stream: Iterator[tuple[tuple[int, int], dict]] | None = None
+        self.steps_per_epoch = len(self.sampler)
         self.forward = torch.compile(self.model, dynamic=True) if opts.compile else self.model
         self.totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0,
                        "bytes": 0.0, "steps": 0, "held_out": 0.0}
@@ -364,17 +382,14 @@ class _Run:
 
     def epoch(self) -> None:
         """The rest of the current epoch's steps, then its held-out evaluation and checkpoint."""
-        self.sampler.set_epoch(self.state["epoch"])
-        batches = self.sampler.epoch_batches()
-        cuda, workers = self.device.type == "cuda", self.opts.loader_workers
-        make = partial(_make_batch, self.train_set, batches, self.opts, self.objective, self.state["epoch"], self.rank,
-                       pin=cuda and not workers)
-        steps = loaded(make, range(self.state["batch"], len(batches)), workers, self.opts.prefetch, pin=cuda)
-        while True:
+        if self.stream is None:
+            self.stream = self.batch_stream()
+        epoch = self.state["epoch"]
+        self.window = _Window()  # the held-out pass and checkpoint since the last are not training time
+        for _ in range(self.state["batch"], self.steps_per_epoch):
             t0 = time.perf_counter()  # the wait for the next batch is the step's data time
-            index, batch = next(steps, (None, None))
-            if index is None:
-                break
+            (made_for, index), batch = next(self.stream)
+            assert made_for == epoch and index == self.state["batch"], "the batch stream lost its place"
             self.step(index, batch, t0)
         self.strategy.synchronise()
         held_out_start = time.perf_counter()
@@ -417,7 +432,7 @@ class _Run:
             self.save()
 
     def flush_metrics(self) -> None:
-        """Log the steps since the last flush (one read of the device's sums)."""
+        """Log the steps since the last flush (one read of the device's sums, which waits for the steps to end)."""
         if self.window.steps:
             self.log_metrics(self.state["step"], self.window.metrics(self.world, self.scheduler.get_last_lr()[0]))
             self.window = _Window()
@@ -446,8 +461,21 @@ class _Run:
         state["batch"] = 0
         self.save()
 
+    def batch_stream(self) -> Iterator[tuple[tuple[int, int], dict]]:
+        """Every remaining training batch of the run, keyed (epoch, index), from one loader that keeps its worker
+        processes and keeps reading ahead across epoch ends (batches read for epochs that early stopping
+        skips are dropped)."""
+        first, start = self.state["epoch"], self.state["batch"]
+        keys = [(e, i) for e in range(first, self.opts.epochs) for i in range(start if e == first else 0,
+                                                                               self.steps_per_epoch)]
+        cuda, workers = self.device.type == "cuda", self.opts.loader_workers
+        make = _BatchMaker(self.train_set, self.sampler, self.opts, self.objective, self.rank, cuda and not workers)
+        return loaded(make, keys, workers, self.opts.prefetch, pin=cuda)
+
     def finish(self) -> None:
-        """Close the strategy; learner 0 writes the best model as ``final.pt``."""
+        """Stop the batch stream and close the strategy; learner 0 writes the best model as ``final.pt``."""
+        if self.stream is not None:
+            self.stream.close()
         self.strategy.close()
         if self.rank == 0:
             best_path = self.state_path / "best.pt"
@@ -475,7 +503,7 @@ class _Window:
 
     def __init__(self) -> None:
         self.steps = self.count = self.frames = 0
-        self.seconds = self.data = 0.0
+        self.seconds = self.data = self.started = 0.0
         self.loss: torch.Tensor | float = 0.0
         self.correct: torch.Tensor | None = None
         self.parts: dict[str, torch.Tensor] = {}
@@ -483,6 +511,8 @@ class _Window:
 
     def add(self, stats: Any, seconds: float, data: float, times: dict[str, float]) -> None:
         """One step's statistics, its wall time and the part of it spent waiting for data."""
+        if not self.steps:
+            self.started = time.perf_counter() - seconds
         self.steps += 1
         self.count += stats.count
         self.frames += stats.frames
@@ -497,11 +527,14 @@ class _Window:
             self.times[name] = self.times.get(name, 0.0) + value
 
     def metrics(self, world: int, lr: float) -> dict[str, float]:
-        """Means over the window (throughput of all learners together)."""
+        """Means over the window (throughput of all learners together). Its time runs from the first step's
+        start until its sums are read, which waits for a GPU to finish them: the host runs ahead of the GPU
+        between reads, so the steps' own times would leave part of the GPU's work out."""
         count = max(self.count, 1)
-        out = {"loss": float(self.loss) / count, "lr": lr,
-               "frames_per_second": self.frames * world / max(self.seconds, 1e-9),
-               "data_wait_fraction": self.data / max(self.seconds, 1e-9), "step_seconds": self.seconds / self.steps}
+        loss = float(self.loss)
+        seconds = max(time.perf_counter() - self.started, self.seconds, 1e-9)
+        out = {"loss": loss / count, "lr": lr, "frames_per_second": self.frames * world / seconds,
+               "data_wait_fraction": self.data / seconds, "step_seconds": seconds / self.steps}
         if self.correct is not None:
             out["frame_accuracy"] = float(self.correct) / count
         out.update({name: float(value) / count for name, value in self.parts.items()})
