@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from asrflow.data.holdout import held_out_speakers
 from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, spread, tuned_settings, visit
@@ -147,3 +148,41 @@ def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> 
     assert "no no yes" in full and "no no yes" not in tuning  # a trigram only the held-out sentence has
     assert "maybe" in full and "maybe" not in tuning  # a word only it has
     assert "yes yes no" in tuning and (tune_lang / "G.fst").stat().st_size > 0
+
+
+def test_held_out_speakers_come_from_every_group() -> None:
+    """hold_out: groups draws whole speakers from each group of speakers (here gender × age), each group
+    giving about the fraction of its utterances; a group of one speaker gives none."""
+    from asrflow.data.holdout import held_out_by_group
+
+    groups = {f"s{s:02d}": (("f", "m")[s % 2], ("child", "adult")[s // 20]) for s in range(40)}
+    groups["lonely"] = ("x", "adult")
+    utt2spk = {f"{s}_{u}": s for s in groups for u in range(4)}
+    utts = sorted(utt2spk)
+    chosen = held_out_by_group(utts, utt2spk, groups, 0.1, seed=0)
+    speakers = {utt2spk[u] for u in chosen}
+    assert chosen == {u for u in utts if utt2spk[u] in speakers}  # whole speakers
+    assert {groups[s] for s in speakers} == {(g, a) for g in "fm" for a in ("child", "adult")}  # all four groups
+    assert "lonely" not in speakers and len(speakers) == 4  # 10 speakers per group: one each
+    assert held_out_by_group(utts, utt2spk, groups, 0.1, seed=0) == chosen  # seeded
+
+
+def test_held_out_groups_are_read_from_the_training_data_dir(tmp_path: Path) -> None:
+    from asrflow.data.holdout import held_out_utterances
+    from tests.conftest import make_config
+
+    train = tmp_path / "data" / "train"
+    train.mkdir(parents=True)
+    speakers = [f"s{s}" for s in range(8)]
+    (train / "utt2spk").write_text("".join(f"{s}_{u} {s}\n" for s in speakers for u in range(3)))
+    (train / "text").write_text("".join(f"{s}_{u} yes no\n" for s in speakers for u in range(3)))
+    (train / "spk2gender").write_text("".join(f"{s} {'fm'[i % 2]}\n" for i, s in enumerate(speakers)))
+    config = make_config(tmp_path, nnet={"hold_out": "groups", "valid_fraction": 0.2},
+                         evaluation={"groups": {"gender": {}}})
+    chosen = held_out_utterances(config, tmp_path / "data", "train")
+    genders = {"fm"[int(u[1]) % 2] for u in chosen}
+    assert genders == {"f", "m"} and len(chosen) == 6  # one speaker of each gender, all 3 utterances
+    from asrflow.config import ConfigError
+
+    with pytest.raises(ConfigError, match="evaluation.groups, which is empty"):
+        make_config(tmp_path, nnet={"hold_out": "groups"})

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from asrflow.data.datadir import DataDirError
-from asrflow.score.stage import score_split, speaker_groups
+from asrflow.data.groups import speaker_groups
+from asrflow.score.stage import score_split
 
 
 def _split(root: Path) -> Path:

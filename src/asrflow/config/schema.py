@@ -168,6 +168,9 @@ def resolve_config(raw: Mapping[str, Any], schema_file: Path | None = None) -> d
     if (config["lang"]["lexicon"] == "file") != bool(config["lang"]["lexicon_file"]):
         raise ConfigError("config key 'lang.lexicon_file': give it exactly when lang.lexicon is file "
                           f"(lexicon: {config['lang']['lexicon']}, lexicon_file: {config['lang']['lexicon_file']})")
+    if config["nnet"]["hold_out"] == "groups" and not config["evaluation"]["groups"]:
+        raise ConfigError("config key 'nnet.hold_out': groups draws the held-out speakers from the groups of "
+                          "evaluation.groups, which is empty")
     _check_systems(config)
     return config
 

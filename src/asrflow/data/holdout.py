@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from asrflow.data.datadir import own_texts, read_table
+from asrflow.data.groups import group_of_speaker
 
 
 def held_out(utterances: list[str], fraction: float, seed: int) -> set[str]:
@@ -27,12 +28,16 @@ def held_out_utterances(config: dict[str, Any], data_dir: str | Path, train_spli
     """The training utterances every network of ``config`` holds out of training (early stopping, decoder tuning):
     the experiment's own corpus's, never a ``corpus.extra_training`` one (tuning decodes them with its LM).
     ``nnet.hold_out`` ``speakers``: all the utterances of a seeded random choice of speakers, so that tuning
-    meets voices that training did not."""
+    meets voices that training did not; ``groups``: such speakers drawn from every group of speakers of
+    ``evaluation.groups`` (gender, age range, ...), so that they are as varied as the training speakers."""
     utts = sorted(own_texts(Path(data_dir) / train_split))
     fraction, seed = config["nnet"]["valid_fraction"], config["seed"]
     if config["nnet"]["hold_out"] == "utterances":
         return held_out(utts, fraction, seed)
     utt2spk = read_table(Path(data_dir) / train_split / "utt2spk")
+    if config["nnet"]["hold_out"] == "groups":
+        group_of = group_of_speaker(Path(data_dir) / train_split, config["evaluation"]["groups"])
+        return held_out_by_group(utts, utt2spk, group_of, fraction, seed)
     return held_out_speakers(utts, utt2spk, fraction, seed)
 
 
@@ -51,3 +56,20 @@ def held_out_speakers(utterances: list[str], utt2spk: dict[str, str], fraction: 
             break
     return chosen
 
+
+
+def held_out_by_group(utterances: list[str], utt2spk: dict[str, str], group_of: dict[str, tuple[str, ...]],
+                      fraction: float, seed: int) -> set[str]:
+    """:func:`held_out_speakers` within each group of speakers (``group_of``: speaker → its groups; speakers it
+    lacks form one group together), so every group gives about ``fraction`` of its utterances. A group of one
+    speaker gives none, unless it is the only group."""
+    by_group: dict[tuple[str, ...], list[str]] = {}
+    for u in utterances:
+        by_group.setdefault(group_of.get(utt2spk[u], ()), []).append(u)
+    chosen: set[str] = set()
+    for i, key in enumerate(sorted(by_group)):
+        members = by_group[key]
+        if len(by_group) > 1 and len({utt2spk[u] for u in members}) < 2:
+            continue
+        chosen |= held_out_speakers(members, utt2spk, fraction, seed + i)
+    return chosen

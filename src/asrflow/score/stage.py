@@ -2,39 +2,16 @@
 
 from __future__ import annotations
 
-import bisect
 import json
 from pathlib import Path
 from typing import Any
 
-from asrflow.data.datadir import DataDirError, read_table
+from asrflow.data.datadir import read_table
+from asrflow.data.groups import speaker_groups
 from asrflow.lang.arpa import arpa_words
 from asrflow.score.wer import format_alignment, group_summaries, score_corpus
 
 NON_WORDS = {"<eps>", "<SIL>", "#0", "<s>", "</s>"}
-
-
-def speaker_groups(split_dir: Path, groups: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
-    """Attribute → speaker → group of ``evaluation.groups``, from the data dir's ``spk2<attribute>``: each value
-    its own group, or with ``edges`` the label of the range a number falls in (below the first edge: the first
-    label). A missing table or a value that is not a number where one is needed is a DataDirError."""
-    out: dict[str, dict[str, str]] = {}
-    for attribute, spec in groups.items():
-        table = read_table(split_dir / f"spk2{attribute}")
-        edges = spec.get("edges")
-        if not edges:
-            out[attribute] = dict(table)
-            continue
-        labels = spec.get("labels") or [f"{lo}-{hi}" for lo, hi in zip(["min", *edges], [*edges, "max"])]
-        if len(labels) != len(edges) + 1:
-            raise DataDirError(f"evaluation.groups.{attribute}: {len(edges)} edges need {len(edges) + 1} labels, "
-                               f"not {len(labels)}")
-        try:
-            out[attribute] = {s: labels[bisect.bisect_right(edges, float(v))] for s, v in table.items()}
-        except ValueError:
-            raise DataDirError(f"{split_dir / f'spk2{attribute}'}: evaluation.groups.{attribute} has edges, but "
-                               f"a value is not a number") from None
-    return out
 
 
 def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_dir: str | Path,
