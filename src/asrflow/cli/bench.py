@@ -94,12 +94,15 @@ def cmd_bench_nnet(args: argparse.Namespace) -> int:
 def _bench_bare(args: argparse.Namespace) -> int:
     """The trainer against a bare loop for model presets, on synthetic data; print the table."""
     from asrflow.config.settings import Training
-    from asrflow.nnet.bare import default_steps, run_bare, table
+    from asrflow.nnet.bare import default_steps, run_bare, run_data_path, table
 
     max_frames = int(args.max_frames or 64000)
     opts = Training.defaults(epochs=args.epochs, max_frames=max_frames, lr=1e-4, warmup_steps=10, patience=args.epochs,
                              loader_workers=args.workers, prefetch=max(2, 2 * args.workers), compile=args.compile,
                              log_every=10, checkpoint_minutes=10000.0)
+    if args.data_only:
+        run_data_path(args.frames, opts, args.out, log=lambda line: print(line))
+        return 0
     try:
         rows = run_bare(args.presets.split(","), args.frames, opts, default_steps(args.frames, max_frames), args.out,
                         log=_log)
@@ -165,5 +168,7 @@ def register(sub: Any) -> Any:
     p.add_argument("--frames", type=int, default=2_260_000, help="--bare: frames of synthetic data (one epoch)")
     p.add_argument("--workers", type=int, default=4, help="--bare: the trainer's loader_workers")
     p.add_argument("--compile", action="store_true", help="--bare: train through torch.compile")
+    p.add_argument("--data-only", action="store_true", help="--bare: the data path alone, with and without "
+                   "SpecAugment (no model)")
     p.set_defaults(func=cmd_bench_nnet)
     return bench

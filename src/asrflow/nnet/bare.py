@@ -255,6 +255,31 @@ def run_bare(presets: list[str], frames: int, opts: Training, bare_steps: int = 
     return rows
 
 
+def run_data_path(frames: int, opts: Training, out: str | Path | None = None,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The data path alone on synthetic hybrid data of ``frames`` frames, with and without SpecAugment: a JSON
+    row each (appended to ``out`` when given)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="asrflow-bench-data-") as tmp:
+        targets = synthetic_corpus(Path(tmp), frames, "hybrid", seed=opts.seed)
+        dataset = FeatureDataset(Path(tmp) / "data", Path(tmp) / "feats", "train", targets)
+        masks = {"freq_masks": 2, "time_masks": 2}
+        for augment in (False, True):
+            run = opts.replace(specaugment=opts.specaugment.replace(**(masks if augment else
+                                                                       {"freq_masks": 0, "time_masks": 0})))
+            row = {"stage": "data_path", "device": str(device), "cpu_threads": torch.get_num_threads(),
+                   "loader_workers": opts.loader_workers, "max_frames": opts.max_frames, "frames": sum(dataset.lengths),
+                   "specaugment": augment, **data_path_fps(dataset, run, "hybrid", device)}
+            log(json.dumps(row))
+            rows.append(row)
+            if out:
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+                with open(out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return rows
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of bare-loop rows."""
     lines = ["| preset | parameters | device | trainer frames/s | bare frames/s | trainer / bare | data wait "
