@@ -188,3 +188,20 @@ def test_loader_workers_and_metric_intervals_change_no_result(fbank, tmp_path: P
     for _, metrics in logs[1]:
         assert 0 < metrics["loss"] < 10 and 0 <= metrics["frame_accuracy"] <= 1 and metrics["frames_per_second"] > 0
         assert 0 <= metrics["data_wait_fraction"] <= 1
+
+
+def test_checkpoints_are_written_from_a_snapshot_in_the_background(tmp_path: Path) -> None:
+    """What training changes after asking for a checkpoint is not in it; a failed write is raised on wait()."""
+    from asrflow.nnet.train import CheckpointWriter
+
+    weights = torch.zeros(3)
+    writer = CheckpointWriter()
+    writer.write({"model": {"w": weights}, "state": {"step": 1}}, tmp_path / "checkpoint.pt")
+    weights += 1  # the training step after it
+    writer.wait()
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert torch.equal(saved["model"]["w"], torch.zeros(3)) and saved["state"] == {"step": 1}
+    writer.write({"w": weights}, tmp_path / "missing" / "checkpoint.pt")
+    with pytest.raises(FileNotFoundError):
+        writer.wait()
+    writer.wait()  # the error is raised once

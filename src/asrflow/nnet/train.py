@@ -4,8 +4,9 @@ Runs as one process or under ``torchrun`` (``torch.distributed``: gloo on CPU, N
 where a parallel strategy of :mod:`asrflow.parallel` (``nnet.parallel.strategy``) decides
 how the learners exchange gradients or models. Checkpoints hold the full state of every
 learner — model, optimiser, scheduler, RNG, the strategy's own state — and the epoch and
-position inside it; learner 0 writes them atomically at every epoch end and, looking every
-``checkpoint_every`` steps, once ``checkpoint_minutes`` have passed since the last; they
+position inside it; learner 0 writes them atomically, from a snapshot in a background
+thread, at every epoch end and, looking every ``checkpoint_every`` steps, once
+``checkpoint_minutes`` have passed since the last; they
 are loaded with ``weights_only=True``; a run killed at any point and restarted ends with
 the same model as an uninterrupted one (exactly so for one learner and the synchronous
 strategies). On a GPU the forward pass runs under bfloat16 autocast
@@ -14,9 +15,11 @@ strategies). On a GPU the forward pass runs under bfloat16 autocast
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,6 +77,50 @@ def atomic_save(state: dict, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def on_cpu(value: Any) -> Any:
+    """A copy of ``value`` (nested dicts, lists and tuples) with every tensor cloned to the CPU: a snapshot
+    that training may go on changing the original of."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(v) for v in value)
+    return copy.deepcopy(value)
+
+
+class CheckpointWriter:
+    """Writes snapshots (:func:`on_cpu`) with :func:`atomic_save` in a background thread, one at a time, so that
+    training goes on while a large model is written; :meth:`wait` for the last one (and its error, if any)."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def write(self, state: dict, path: Path) -> None:
+        """Snapshot ``state`` now; write it to ``path`` in the background (after the previous write)."""
+        snapshot = on_cpu(state)
+        self.wait()
+        self.thread = threading.Thread(target=self._save, args=(snapshot, path), name="asrflow-checkpoint",
+                                       daemon=True)
+        self.thread.start()
+
+    def _save(self, state: dict, path: Path) -> None:
+        try:
+            atomic_save(state, path)
+        except BaseException as exc:  # noqa: BLE001  (raised again in the training thread by wait())
+            self.error = exc
+
+    def wait(self) -> None:
+        """Until the last write has ended; raises its error."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
@@ -302,6 +349,7 @@ class _Run:
         self.resumed = False
         self.saved_at = time.monotonic()
         self.window = _Window()
+        self.writer = CheckpointWriter()
         self.stream: Iterator[tuple[tuple[int, int], dict]] | None = None
         self.steps_per_epoch = len(self.sampler)
         self.forward = torch.compile(self.model, dynamic=True) if opts.compile else self.model
@@ -359,8 +407,8 @@ class _Run:
         learners = _gather(_learner_state(self.model, self.optimiser, self.scheduler, self.strategy, self.device),
                            self.rank, self.world)
         if self.rank == 0:
-            atomic_save({"learners": learners, "state": dict(self.state), "identity": self.identity},
-                        self.checkpoint)
+            self.writer.write({"learners": learners, "state": dict(self.state), "identity": self.identity},
+                              self.checkpoint)
 
     def held_out(self) -> tuple[float, float | None]:
         """Held-out loss and frame accuracy over every learner's part."""
@@ -369,7 +417,7 @@ class _Run:
     def keep_best(self) -> None:
         """Write the current model as the best so far (learner 0)."""
         if self.rank == 0:
-            atomic_save({"model": self.model.state_dict(), **self.header}, self.state_path / "best.pt")
+            self.writer.write({"model": self.model.state_dict(), **self.header}, self.state_path / "best.pt")
 
     def start_from_init(self) -> None:
         """The initial weights' held-out loss is the first best."""
@@ -476,6 +524,7 @@ class _Run:
         """Stop the batch stream and close the strategy; learner 0 writes the best model as ``final.pt``."""
         if self.stream is not None:
             self.stream.close()
+        self.writer.wait()
         self.strategy.close()
         if self.rank == 0:
             best_path = self.state_path / "best.pt"
