@@ -202,6 +202,6 @@ def test_checkpoints_are_written_from_a_snapshot_in_the_background(tmp_path: Pat
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert torch.equal(saved["model"]["w"], torch.zeros(3)) and saved["state"] == {"step": 1}
     writer.write({"w": weights}, tmp_path / "missing" / "checkpoint.pt")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(RuntimeError, match="does not exist"):
         writer.wait()
     writer.wait()  # the error is raised once
