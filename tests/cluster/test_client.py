@@ -133,3 +133,18 @@ def test_the_cache_drops_the_least_recently_used_past_its_budget() -> None:
         assert list(cache) == ["c", "b"] and "huge" in made
     finally:
         set_budget(DEFAULT_BUDGET)
+
+
+def test_peak_memory_reports_the_driver_and_the_largest_worker(dask_client_1) -> None:
+    from asrflow.cluster import peak_memory
+
+    peaks = peak_memory(dask_client_1)
+    assert set(peaks) == {"peak_rss_driver_mb", "peak_rss_worker_mb"}
+    assert peaks["peak_rss_driver_mb"] > 10 and peaks["peak_rss_worker_mb"] > 10  # a Python process with numpy
+
+    class Unreachable:
+        def run(self, *args, **kwargs):
+            raise OSError("scheduler gone")
+
+    fallback = peak_memory(Unreachable())  # never a reason to fail a stage
+    assert fallback["peak_rss_worker_mb"] == fallback["peak_rss_driver_mb"]

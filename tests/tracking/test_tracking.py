@@ -62,6 +62,8 @@ def test_pipeline_and_stage_runs(tmp_path: Path, use_mirror, monkeypatch: pytest
     feats = by_name["features-mfcc"]
     assert feats.data.tags["mlflow.parentRunId"] == parent
     assert feats.data.metrics["frames"] > 30000 and feats.data.metrics["wall_seconds"] > 0
+    for run in (data, feats):  # every Dask stage records what its driver and workers needed
+        assert run.data.metrics["peak_rss_driver_mb"] > 10 and run.data.metrics["peak_rss_worker_mb"] > 10
     assert feats.data.tags["asrflow.corpus_fingerprint"] == data.data.tags["asrflow.corpus_fingerprint"]
     cmvn = {a.path for a in client.list_artifacts(feats.info.run_id, "cmvn")}
     assert cmvn == {"cmvn/train", "cmvn/test"}

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asrflow.cli.common import _load, _log, with_config
+from asrflow.cli.common import _load, _log, stage_cluster, with_config
 from asrflow.config import write_resolved
 
 
@@ -29,7 +29,6 @@ def _by_reason(counts: dict[str, int]) -> dict[str, int]:
 
 def cmd_data(args: argparse.Namespace) -> int:
     """Import the corpus into validated Kaldi data dirs on Dask, logged as the ``data`` stage run."""
-    from asrflow.cluster import dask_client
     from asrflow.corpus import CorpusError
     from asrflow.data.stage import prepare_data, reason_counts
     from asrflow.tracking import stage_run
@@ -37,7 +36,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     config = _load(args)
     with stage_run(config, "data", resolved_config=args.config[-1]) as run:
         try:
-            with dask_client(config["dask"], args.workers, log=_log) as client:
+            with stage_cluster(config, args.workers, run) as client:
                 summary = prepare_data(config, args.out, client, log=_log, kept_report=args.report)
         except CorpusError:
             if args.report and Path(args.report).is_file():  # what was rejected is counted even when all was
@@ -62,14 +61,13 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_features(args: argparse.Namespace) -> int:
     """Extract one feature kind on Dask, logged as a ``features-<kind>`` stage run."""
-    from asrflow.cluster import dask_client
     from asrflow.features.stage import extract_features
     from asrflow.tracking import stage_run
 
     config = _load(args)
     workers = config["dask"]["workers"] or args.workers or 1
     with stage_run(config, f"features-{args.kind}", resolved_config=args.config[-1]) as run:
-        with dask_client(config["dask"], workers, log=_log) as client:
+        with stage_cluster(config, workers, run) as client:
             workers = len(client.scheduler_info()["workers"]) or workers  # Slurm worker jobs may differ
             summary = extract_features(config, args.data, args.kind, args.out, client, workers, log=_log)
         data_manifest = json.loads((Path(args.data) / "manifest.json").read_text(encoding="utf-8"))

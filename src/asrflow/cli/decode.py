@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from asrflow.cli.common import _load, _log, with_config
+from asrflow.cli.common import _load, _log, stage_cluster, with_config
 from asrflow.cli.nnet import _log_model
 from asrflow.config import GMM_SYSTEMS
 
@@ -31,7 +31,6 @@ def _gmm_adapted(system: str) -> bool | None:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     """Decode a test split with a GMM system or a network on Dask, logged as a ``decode`` stage run."""
-    from asrflow.cluster import dask_client
     from asrflow.config.paths import Paths
     from asrflow.decode.stage import decode_split, decode_split_nnet
     from asrflow.decode.tune import tuned_settings
@@ -40,7 +39,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     config = _load(args)
     with stage_run(config, f"decode-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
-        with dask_client(config["dask"], args.workers, log=_log) as client:
+        with stage_cluster(config, args.workers, run) as client:
             tuned = tuned_settings(args.tune)
             run.log_params({f"tuned.{k}": v for k, v in tuned.items()})
             if (adapted := _gmm_adapted(args.system)) is not None:
@@ -55,7 +54,6 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Choose a system's decoder settings on held-out utterances; log a network's pyfunc model with them."""
-    from asrflow.cluster import dask_client
     from asrflow.config.paths import Paths
     from asrflow.decode.tune import tune_gmm, tune_network
     from asrflow.nnet.transcribe import bundle_files
@@ -65,7 +63,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     adapted = _gmm_adapted(args.system)
     with stage_run(config, f"tune-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system})
-        with dask_client(config["dask"], args.workers, log=_log) as client:
+        with stage_cluster(config, args.workers, run) as client:
             if adapted is not None:
                 info = tune_gmm(config, args.system, args.model, args.data, args.features, args.lang, args.train,
                                 args.out, client, adapted=adapted, log=_log)

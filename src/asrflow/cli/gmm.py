@@ -6,19 +6,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from asrflow.cli.common import _load, _log, with_config
+from asrflow.cli.common import _load, _log, stage_cluster, with_config
 from asrflow.config import GMM_SYSTEMS
 
 
 def cmd_gmm(args: argparse.Namespace) -> int:
     """Train a GMM-HMM system on Dask, logged as a ``gmm-<system>-<train>`` stage run."""
-    from asrflow.cluster import dask_client
     from asrflow.gmm.stage import train_system
     from asrflow.tracking import stage_run
 
     config = _load(args)
     with stage_run(config, f"gmm-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
-        with dask_client(config["dask"], args.workers, log=_log) as client:
+        with stage_cluster(config, args.workers, run) as client:
             manifest = train_system(config, args.system, args.train, args.data, args.features, args.lang,
                                     args.out, client, run, source_dir=args.source, state_dir=args.state,
                                     log=_log)
@@ -31,13 +30,12 @@ def cmd_gmm(args: argparse.Namespace) -> int:
 
 def cmd_align(args: argparse.Namespace) -> int:
     """Force-align a split with a trained GMM system on Dask, logged as an ``align`` stage run."""
-    from asrflow.cluster import dask_client
     from asrflow.gmm.stage import align_split
     from asrflow.tracking import stage_run
 
     config = _load(args)
     with stage_run(config, f"align-{args.system}-{args.split}", resolved_config=args.config[-1]) as run:
-        with dask_client(config["dask"], args.workers, log=_log) as client:
+        with stage_cluster(config, args.workers, run) as client:
             manifest = align_split(config, args.system, args.gmm, args.split, args.data, args.features, args.lang,
                                    args.out, client, log=_log)
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.split})
@@ -49,14 +47,13 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 def cmd_fmllr(args: argparse.Namespace) -> int:
     """Speaker-adapted (fMLLR) features of a training split and its test splits, on Dask."""
-    from asrflow.cluster import dask_client
     from asrflow.config.paths import Paths
     from asrflow.gmm.adapt import adapt_splits
     from asrflow.tracking import stage_run
 
     config = _load(args)
     with stage_run(config, f"fmllr-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
-        with dask_client(config["dask"], args.workers, log=_log) as client:
+        with stage_cluster(config, args.workers, run) as client:
             manifest = adapt_splits(config, args.system, args.train, Paths.of(args), client, log=_log)
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train})
         for split, info in manifest["splits"].items():
