@@ -10,6 +10,7 @@ mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[1].lower())")
 status=0
 python3 -m pytest -q -p no:cacheprovider tests/nnet/test_gpu.py tests/nnet/test_train.py tests/nnet/test_models.py \
+  tests/parallel/test_strategies.py::test_every_strategy_runs_two_learners_on_one_gpu_over_gloo \
   2>&1 | tee "$out/gpu_tests_$gpu.log" || status=1
 PYTHONUNBUFFERED=1 python3 -m asrflow.cli bench nnet --bare --presets "$presets" --frames 2260000 --max-frames 64000 \
   --workers 8 --epochs 2 --out "$out/nnet_bare_$gpu.jsonl" 2>&1 | tee "$out/nnet_bare_$gpu.log" || status=1

@@ -413,7 +413,7 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
 
 
 # Where the learners run, not what they compute: moving a job onto a cluster retrains nothing.
-LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus")
+LAUNCH_KEYS = ("nodes", "launcher", "port", "gpus", "backend")
 # Settings that change where or how fast a network trains, never what it learns: left out of
 # its fingerprint, so changing them retrains nothing.
 RUNTIME_KEYS = {"parallel": LAUNCH_KEYS,

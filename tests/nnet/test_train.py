@@ -119,6 +119,9 @@ def test_each_learner_takes_its_own_gpu_or_fails_saying_why() -> None:
     assert learner_device(1, 2) == torch.device("cuda", 1)
     with pytest.raises(NnetError, match="learner 1 of this node has no GPU: the node has 1 GPU"):
         learner_device(1, 1)
+    # with the gloo backend learners share the GPUs in turn
+    assert learner_device(1, 1, share=True) == torch.device("cuda", 0) == learner_device(2, 2, share=True)
+    assert learner_device(1, 0, share=True) == torch.device("cpu")
 
 
 def test_checkpoints_between_epoch_ends_wait_for_the_clock(fbank, tmp_path: Path,  # noqa: F811

@@ -48,7 +48,7 @@ for name, settings in runs.items():
     import torch.distributed as dist
     rank = dist.get_rank() if dist.is_initialized() else 0
     keys = ("best_valid_loss", "best_valid_frame_accuracy", "strategy", "mean_t_calc", "mean_t_transmit",
-            "mean_t_merge", "mean_t_wait", "mean_bytes_per_step", "steps", "world_size")
+            "mean_t_merge", "mean_t_wait", "mean_bytes_per_step", "steps", "world_size", "device")
     result = {"name": name, "rank": rank, **{k: summary[k] for k in keys}}
     (out / f"{name}.{rank}.result.json").write_text(json.dumps(result))
 """
@@ -146,3 +146,20 @@ def test_a_killed_learner_fails_cleanly_and_the_restart_resumes(fbank, tmp_path)
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_every_strategy_runs_two_learners_on_one_gpu_over_gloo(fbank, tmp_path) -> None:  # noqa: F811
+    """The strategies' GPU code with two learners on one GPU: gloo carries CUDA tensors (NCCL cannot put two
+    ranks on one GPU), point-to-point messages through the CPU."""
+    runs = {name: {"strategy": name, "learners": 2, "backend": "gloo"}
+            for name in ("allreduce", "ring", "kavg", "adpsgd", "asgd")}
+    runs["ring_1bit"] = {**runs["ring"], "compression": "1bit"}
+    runs["hierarchical"] = {"strategy": "hierarchical", "learners": 2, "group_size": 2, "backend": "gloo"}
+    proc = subprocess.run(torchrun(fbank, tmp_path, {**runs, "_test": {"epochs": 3}}, 2), capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in runs:
+        result = json.loads((tmp_path / f"{name}.0.result.json").read_text())
+        assert result["world_size"] == 2 and result["device"] == "cuda:0", name
+        assert result["best_valid_loss"] < 0.9 * CHANCE, name

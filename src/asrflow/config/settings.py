@@ -156,6 +156,7 @@ class Parallel(Settings):
     launcher: str
     port: int | None
     gpus: bool
+    backend: str  # auto: NCCL on GPUs (one per learner), gloo on CPU; gloo: gloo everywhere, GPUs shared
     k: int  # kavg: local steps between model averages
     adapt: bool  # kavg: K / sqrt(learners) steps and lr * sqrt(learners)
     overlap: bool  # kavg: each average travels while the next local step computes, merged after it

@@ -132,18 +132,22 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _distributed(timeout: float = 1800.0) -> tuple[int, int, torch.device]:
+def _distributed(timeout: float = 1800.0, backend: str = "auto") -> tuple[int, int, torch.device]:
     """Rank, world size and device; joins the process group when started by ``torchrun``.
 
-    Point-to-point strategies (ring, adpsgd, asgd) need gloo beside NCCL on a GPU, so the
-    group is created with both backends there.
+    ``auto``: gloo on CPU; on GPUs NCCL, one GPU per learner, with gloo beside it for the
+    point-to-point strategies (ring, adpsgd, asgd). ``gloo``: gloo for every tensor, CUDA ones
+    too, so that learners may share a GPU (learner i on GPU i mod n): how the strategies' GPU code
+    runs with several learners on a one-GPU machine; slower than NCCL.
     """
     cuda = torch.cuda.is_available()
-    device = learner_device(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count() if cuda else 0)
+    gpus = torch.cuda.device_count() if cuda else 0
+    device = learner_device(int(os.environ.get("LOCAL_RANK", 0)), gpus, share=backend == "gloo")
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         from datetime import timedelta
 
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
+        groups = ("cpu:gloo,cuda:gloo" if backend == "gloo" else "cpu:gloo,cuda:nccl") if cuda else "gloo"
+        dist.init_process_group(groups, timeout=timedelta(seconds=timeout))
     if cuda:
         torch.cuda.set_device(device)
     if dist.is_initialized():
@@ -151,18 +155,22 @@ def _distributed(timeout: float = 1800.0) -> tuple[int, int, torch.device]:
     return 0, 1, device
 
 
-def learner_device(local_rank: int, gpus: int) -> torch.device:
+def learner_device(local_rank: int, gpus: int, share: bool = False) -> torch.device:
     """The GPU of the node's ``local_rank``-th learner, or the CPU on a node without GPUs.
 
     NCCL takes one GPU per learner, so a node with GPUs but fewer than its learners is an
-    error that says so (rather than CUDA's "invalid device ordinal" later).
+    error that says so (rather than CUDA's "invalid device ordinal" later); with ``share``
+    (the gloo backend) learners take the GPUs in turn.
     """
     if gpus == 0:
         return torch.device("cpu")
+    if share:
+        return torch.device("cuda", local_rank % gpus)
     if local_rank >= gpus:
         raise NnetError(f"learner {local_rank} of this node has no GPU: the node has {gpus} GPU(s), and each "
                         f"learner needs its own (NCCL). Set nnet.parallel.learners to at most {gpus} per node, "
-                        f"or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+                        f"hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU, or share them with "
+                        f"nnet.parallel.backend: gloo (slower)")
     return torch.device("cuda", local_rank)
 
 
@@ -316,7 +324,7 @@ class _Run:
         self.log, self.log_metrics = log, log_metrics
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        self.rank, self.world, self.device = _distributed(parallel.timeout)
+        self.rank, self.world, self.device = _distributed(parallel.timeout, parallel.backend)
         if opts.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
             torch.use_deterministic_algorithms(True)

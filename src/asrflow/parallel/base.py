@@ -78,6 +78,9 @@ class Strategy:
         self.opts, self.rank, self.world, self.device, self.clip = opts, rank, world, device, clip
         self.times = StepTimes()
         self.step = 0  # steps finished by this learner (over all epochs)
+        # where point-to-point messages live: on the GPU for NCCL, on the CPU when gloo carries everything
+        # (it sends and receives CPU tensors only; its all-reduce and broadcast take CUDA ones)
+        self.wire = torch.device("cpu") if device.type == "cuda" and opts.backend == "gloo" else device
         self._store = _default_store() if world > 1 else None
 
     # --- the step -------------------------------------------------------------------------

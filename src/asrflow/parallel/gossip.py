@@ -33,8 +33,8 @@ class ADPSGD(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.numel = sum(p.numel() for p in self.model.parameters())
-        self.outbox = torch.empty(self.numel, device=self.device)
-        self.inbox = torch.empty(self.numel, device=self.device)
+        self.outbox = torch.empty(self.numel, device=self.wire)
+        self.inbox = torch.empty(self.numel, device=self.wire)
         self.pending: list[Any] = []
         self.mate: int | None = None
 

@@ -42,8 +42,8 @@ class Ring(Strategy):
         self.numel = sum(p.numel() for p in self.model.parameters())
         self.compressor = make_compressor(self.opts.compression)
         size = self.compressor.payload_size(self.numel)
-        self.inbox = torch.empty(size, dtype=torch.uint8, device=self.device)
-        self.outbox = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self.inbox = torch.empty(size, dtype=torch.uint8, device=self.wire)
+        self.outbox = torch.empty(size, dtype=torch.uint8, device=self.wire)
         self.have_inbox = False  # a model already received (drained before a checkpoint)
         self.fresh = True  # epoch start: learner 0 holds the model
         self.receiving: Any = None
@@ -85,9 +85,10 @@ class Ring(Strategy):
         self.have_inbox = False
 
     def _decode(self) -> torch.Tensor:
+        inbox = self.inbox.to(self.device, copy=True)
         if self.ref_in is None:
-            return self.inbox.view(torch.float32).clone()
-        self.ref_in = self.ref_in + self.compressor.decompress(self.inbox, self.numel)
+            return inbox.view(torch.float32)
+        self.ref_in = self.ref_in + self.compressor.decompress(inbox, self.numel)
         return self.ref_in
 
     def _send(self) -> None:
@@ -99,7 +100,7 @@ class Ring(Strategy):
                 self.outbox.copy_(params.view(torch.uint8))
             else:
                 self.outbox.copy_(self.compressor.compress(params - self.ref_out))
-                self.ref_out = self.ref_out + self.compressor.decompress(self.outbox, self.numel)
+                self.ref_out = self.ref_out + self.compressor.decompress(self.outbox.to(self.device), self.numel)
         self.sending = dist.isend(self.outbox, self.next)
         self.times.bytes += self.outbox.numel()
 
@@ -159,7 +160,7 @@ class Ring(Strategy):
         self.fresh, self.have_inbox = bool(state["fresh"]), bool(state["have_inbox"])
         self.transmit_estimate = float(state.get("transmit_estimate", 0.0))
         if self.have_inbox:
-            self.inbox.copy_(state["inbox"].to(self.device))
+            self.inbox.copy_(state["inbox"].to(self.wire))
         if "ref_in" in state and self.ref_in is not None:
             self.ref_in, self.ref_out = state["ref_in"].to(self.device), state["ref_out"].to(self.device)
 
