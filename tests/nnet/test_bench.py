@@ -59,3 +59,34 @@ def test_bench_command_trains_each_network_and_writes_rows(tmp_path: Path, capsy
     assert "| tiny_ctc | " in capsys.readouterr().out
     assert main(argv[:5] + ["nope"] + argv[6:]) == 2  # an unknown network is a usage error naming it
     assert "unknown network(s) nope" in capsys.readouterr().err
+
+
+def test_the_bare_benchmark_sets_the_trainer_against_a_bare_loop(tmp_path: Path, capsys,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench nnet --bare on synthetic data: a row per preset with every key the GPU runs report, and the
+    LSTM FLOPs torch's counter leaves out counted by hand; --data-only measures the loader alone."""
+    from asrflow.config.sizes import PRESETS
+    from asrflow.nnet.bare import recurrent_flops_per_frame
+    from asrflow.nnet.models import build_model
+
+    monkeypatch.setitem(PRESETS, "tiny_dnn", {"type": "dnn", "hidden": 32, "layers": 1, "context": 1})
+    monkeypatch.setitem(PRESETS, "tiny_ctc", {"type": "conformer", "dim": 16, "layers": 1, "heads": 2, "ffn_dim": 32,
+                                              "kernel": 3, "channels": [4, 4], "subsampling": 4})
+    out = tmp_path / "bare.jsonl"
+    assert main(["bench", "nnet", "--bare", "--presets", "tiny_dnn,tiny_ctc", "--frames", "6000", "--max-frames",
+                 "1500", "--workers", "0", "--epochs", "2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["preset"] for r in rows] == ["tiny_dnn", "tiny_ctc"] and rows[1]["objective"] == "ctc"
+    for row in rows:
+        for key in ("trainer_fps", "bare_fps", "bare_epoch_fps", "data_fps", "mfu", "bare_mfu"):
+            assert row[key] > 0, key
+        assert 0 <= row["data_wait"] < 1 and 0 <= row["padding"] < 0.5 and row["device"].startswith("cpu")
+    assert "| tiny_dnn |" in capsys.readouterr().out
+    lstm = build_model({"type": "lstm", "hidden": 8, "layers": 2, "bidirectional": True, "projection": 0}, 5, 3)
+    per_layer = [2 * 4 * 8 * (5 + 8), 2 * 4 * 8 * (16 + 8)]  # input 5, then both directions' 8 outputs
+    assert recurrent_flops_per_frame(lstm) == 3 * 2 * sum(per_layer)
+    data = tmp_path / "data.jsonl"
+    assert main(["bench", "nnet", "--bare", "--data-only", "--frames", "5000", "--max-frames", "1500",
+                 "--workers", "1", "--out", str(data)]) == 0
+    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    assert [r["specaugment"] for r in lines] == [False, True] and all(r["data_fps"] > 0 for r in lines)

@@ -10,7 +10,10 @@ per 8 input frames). For each model preset:
   pays for warm-up, autotuning and compilation);
 - the **bare loop** runs forward, backward and a fused AdamW step on one fixed batch already on
   the device, of the trainer's batch shape (``max_frames`` frames of the mean utterance length),
-  under the same autocast;
+  under the same autocast; and once more over random batches of the trainer's own epoch shapes
+  (its length buckets, padding included), already on the device (``bare_epoch_fps``): the
+  trainer's overhead apart from what its shapes cost (recurrent layers step through the longest
+  utterance, attention grows with the square of the length);
 - the **data path** alone makes every batch of an epoch with the trainer's loader (reading,
   CMVN, padding, SpecAugment when on, pinning) and copies it to the device, without a model.
 
@@ -42,8 +45,8 @@ from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
 
 DIM, HYBRID_CLASSES, CTC_UNITS, FRAMES_PER_UNIT = 40, 3000, 500, 8
-ROW_KEYS = ("preset", "parameters", "device", "trainer_fps", "bare_fps", "ratio", "data_wait", "mfu", "bare_mfu",
-            "data_fps")
+ROW_KEYS = ("preset", "parameters", "device", "trainer_fps", "bare_fps", "ratio", "epoch_ratio", "data_wait", "mfu",
+            "bare_mfu", "data_fps")
 
 
 def objective_of(preset: str) -> str:
@@ -155,6 +158,55 @@ def bare_loop(model: torch.nn.Module, objective: str, batch: dict[str, Any], amp
     return steps * int(batch["lengths"].sum()) / (time.perf_counter() - start)
 
 
+def epoch_batches(objective: str, lengths: list[list[int]], device: torch.device, seed: int = 0) -> list[dict]:
+    """Random batches on ``device`` of the given utterance lengths (one list per batch), padded to the longest as
+    the trainer's are, with random targets (padding -100 for hybrid)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for batch in lengths:
+        size, longest = len(batch), max(batch)
+        lens = torch.tensor(batch)
+        item: dict[str, Any] = {"feats": torch.randn(size, longest, DIM, generator=generator).to(device),
+                                "lengths": lens}
+        if objective == "hybrid":
+            targets = torch.randint(0, HYBRID_CLASSES, (size, longest), generator=generator)
+            targets[torch.arange(longest).unsqueeze(0) >= lens.unsqueeze(1)] = -100
+            item["targets"], item["target_lengths"] = targets.to(device), lens.clone()
+        else:
+            units = torch.clamp(lens // FRAMES_PER_UNIT, min=1)
+            targets = torch.randint(1, CTC_UNITS, (size, int(units.max())), generator=generator)
+            targets[torch.arange(targets.shape[1]).unsqueeze(0) >= units.unsqueeze(1)] = -100
+            item["targets"], item["target_lengths"] = targets.to(device), units
+        out.append(item)
+    return out
+
+
+def bare_epoch(model: torch.nn.Module, objective: str, batches: list[dict], amp: bool) -> float:
+    """Frames per second (real, not padding) of the bare step over batches of the trainer's shapes already on the
+    device: what the trainer would reach without any overhead of its own, on the same padded shapes."""
+    device = batches[0]["feats"].device
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    loss_fn = OBJECTIVES[objective]
+    model.train()
+
+    def step(batch: dict) -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            logits, out_lengths = model(batch["feats"], batch["lengths"])
+        loss, _ = loss_fn(logits, out_lengths, batch)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+
+    for batch in batches[:3]:  # warm-up
+        step(batch)
+    _synchronise(device)
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)
+    _synchronise(device)
+    return sum(int(b["lengths"].sum()) for b in batches) / (time.perf_counter() - start)
+
+
 def data_path_fps(dataset: FeatureDataset, opts: Training, objective: str, device: torch.device) -> dict[str, float]:
     """Frames/s of the trainer's loader alone over one epoch (batches made, pinned and copied to ``device``),
     and the padding it costs (padded frames over real frames − 1)."""
@@ -211,6 +263,10 @@ def bench_preset(preset: str, root: Path, targets: dict[str, np.ndarray], opts: 
     per_frame = flops_per_frame(model, objective, batch, opts.amp)
     bare = bare_loop(model, objective, batch, opts.amp, bare_steps)
     log(f"{preset}: bare loop {bare:,.0f} frames/s")
+    sampler = BucketBatchSampler(dataset.lengths, opts.max_frames, opts.seed)
+    shapes = [[dataset.lengths[i] for i in b] for b in sampler.epoch_batches(1)]
+    bare_shapes = bare_epoch(model, objective, epoch_batches(objective, shapes, device), opts.amp)
+    log(f"{preset}: bare loop over the trainer's batch shapes {bare_shapes:,.0f} frames/s")
     del model
     data = data_path_fps(dataset, opts, objective, device)
     log(f"{preset}: data path {data['data_fps']:,.0f} frames/s")
@@ -223,6 +279,7 @@ def bench_preset(preset: str, root: Path, targets: dict[str, np.ndarray], opts: 
             "compile": opts.compile, "loader_workers": opts.loader_workers, "max_frames": opts.max_frames,
             "utterances": len(dataset), "frames": sum(dataset.lengths), "epochs": opts.epochs,
             "trainer_fps": trainer["trainer_fps"], "bare_fps": bare, "ratio": trainer["trainer_fps"] / bare,
+            "bare_epoch_fps": bare_shapes, "epoch_ratio": trainer["trainer_fps"] / bare_shapes,
             "data_wait": trainer["data_wait"], "data_fps": data["data_fps"], "padding": data["padding"],
             "gflops_per_frame": per_frame / 1e9, "peak_tflops": peak,
             "mfu": trainer["trainer_fps"] * per_frame / (peak * 1e12), "bare_mfu": bare * per_frame / (peak * 1e12),
@@ -282,11 +339,13 @@ def run_data_path(frames: int, opts: Training, out: str | Path | None = None,
 
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of bare-loop rows."""
-    lines = ["| preset | parameters | device | trainer frames/s | bare frames/s | trainer / bare | data wait "
-             "| MFU trainer / bare | data path frames/s | padding |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| preset | parameters | device | trainer frames/s | bare frames/s | trainer / bare "
+             "| trainer / bare on its shapes | data wait | MFU trainer / bare | data path frames/s | padding |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['preset']} | {r['parameters'] / 1e6:.1f} M | {r['device']} | {r['trainer_fps']:,.0f} "
-                     f"| {r['bare_fps']:,.0f} | {r['ratio']:.2f} | {100 * r['data_wait']:.1f} % "
+                     f"| {r['bare_fps']:,.0f} | {r['ratio']:.2f} | {r['epoch_ratio']:.2f} "
+                     f"| {100 * r['data_wait']:.1f} % "
                      f"| {100 * r['mfu']:.1f} % / {100 * r['bare_mfu']:.1f} % | {r['data_fps']:,.0f} "
                      f"| {100 * r['padding']:.1f} % |")
     return "\n".join(lines)
