@@ -449,3 +449,21 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     assert rows[1]["utterances"] > rows[0]["utterances"] and not any(r["failed"] for r in rows)
     assert rows[0]["reduced_mb"] == rows[1]["reduced_mb"]
     assert rows[1]["hours"] > rows[0]["hours"] and rows[0]["read_alignments_seconds"] >= 0
+
+
+def test_utterances_with_the_same_words_share_one_training_graph(yesno, dask_client_1) -> None:
+    """A worker compiles one graph per transcript: speed-perturbed copies (same words, other ids) reuse it."""
+    import dataclasses
+
+    from asrflow.gmm import estep
+
+    config, shards, lang = yesno
+    result, _ = _train(config, shards, lang, dask_client_1)
+    shard = shards[0]
+    copy = dataclasses.replace(shard, utts=[f"sp0.9-{u}" for u in shard.utts], key=f"copy-{shard.key}")
+    tree = estep.tree_key(result.model)
+    for key in list(estep._GRAPHS):
+        estep._GRAPHS.pop(key)
+    first = estep.training_graph(result.model, shard, 0, tree)
+    assert estep.training_graph(result.model, copy, 0, tree) is first and len(estep._GRAPHS) == 1
+    assert estep.graph_bytes(first) > 256

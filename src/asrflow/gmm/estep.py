@@ -26,7 +26,7 @@ from asrflow.kaldi import kfst, khg
 
 _FEATURES = Cache(share=0.5)  # shard key -> its utterances' feature matrices
 _COMPILERS: dict[tuple, object] = {}  # one per (lang, tree)
-_GRAPHS = Cache(share=0.5)  # (lang, tree, utterance) -> its training graph
+_GRAPHS = Cache(share=0.5)  # (lang, tree, transcript word ids) -> its training graph
 _KEEP: list = []  # objects the C++ graph compiler references (never freed while it lives)
 
 
@@ -93,9 +93,11 @@ def features(shard: Shard) -> list[np.ndarray]:
 
 
 def graph_bytes(graph) -> int:
-    """About what a compiled graph holds in memory: 16 bytes an arc and 48 a state (OpenFst's VectorFst)."""
+    """About what a compiled graph holds in memory (OpenFst's VectorFst): 16 bytes an arc, 64 a state (the
+    state object, its arc vector and the pointer to it) and 256 for the graph; a process's resident memory
+    grew by about this much per graph of speechocean762's training transcripts."""
     states = graph.num_states
-    return 48 * states + 16 * sum(graph.num_arcs(s) for s in range(states))
+    return 256 + 64 * states + 16 * sum(graph.num_arcs(s) for s in range(states))
 
 
 def _compiler(model: GmmModel, lang_dir: str, tree_key: bytes):
@@ -118,8 +120,9 @@ def tree_key(model: GmmModel) -> bytes:
 
 
 def training_graph(model: GmmModel, shard: Shard, i: int, tree_id: bytes):
-    """The utterance's training graph (transcript → HMM states), compiled once per worker."""
-    key = (shard.lang_dir, tree_id, shard.utts[i])
+    """The utterance's training graph (transcript → HMM states), compiled once per worker and transcript:
+    utterances with the same words (speed-perturbed copies, prompts read by many speakers) share one."""
+    key = (shard.lang_dir, tree_id, tuple(int(w) for w in shard.word_ids[i]))
     return _GRAPHS.get(key, lambda: _compiler(model, shard.lang_dir, tree_id).compile_graph_from_text(
         list(shard.word_ids[i])), graph_bytes)
 
