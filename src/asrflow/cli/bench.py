@@ -62,8 +62,11 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     from asrflow.gmm.scale import scale_benchmark
 
     config = _load(args)
+    stages: list[dict] = []
     rows = scale_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
-                           [float(h) for h in args.hours.split(",")], args.workers, log=_log)
+                           [float(h) for h in args.hours.split(",")], args.workers, log=_log, stages=stages)
+    if args.stages:
+        json_lines(stages, args.stages)
     return json_lines(rows, args.out)
 
 
@@ -146,6 +149,8 @@ def register(sub: Any) -> Any:
     p.add_argument("--train", default="train", help="the split to replicate")
     p.add_argument("--hours", default="3,10,30", help="comma-separated sizes in hours of audio")
     p.add_argument("--workers", type=int, default=2, help="Dask worker processes")
+    p.add_argument("--stages", default=None, help="append one JSON line per stage and size to this file "
+                   "(stage, hours, wall_s, cpu_s, peak_rss_driver_mb, peak_rss_worker_mb)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_scale)
 
