@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks, for a machine with one GPU: the GPU tests of the trainer, then the trainer
-# against a bare loop for every model preset (JSON lines to $1/nnet_bare_<gpu>.jsonl).
+# against a bare loop for every model preset, and the DNN compiled (JSON lines to $1/nnet_bare_<gpu>.jsonl).
 #   bash tests/gpu.sh [out-folder] [presets]
 # Needs the project importable (pip install -e . or PYTHONPATH=src) and a CUDA build of torch.
 set -uo pipefail
@@ -14,4 +14,6 @@ python3 -m pytest -q -p no:cacheprovider tests/nnet/test_gpu.py tests/nnet/test_
   2>&1 | tee "$out/gpu_tests_$gpu.log" || status=1
 PYTHONUNBUFFERED=1 python3 -m asrflow.cli bench nnet --bare --presets "$presets" --frames 2260000 --max-frames 64000 \
   --workers 8 --epochs 2 --out "$out/nnet_bare_$gpu.jsonl" 2>&1 | tee "$out/nnet_bare_$gpu.log" || status=1
+PYTHONUNBUFFERED=1 python3 -m asrflow.cli bench nnet --bare --presets dnn_6x2048 --frames 2260000 --max-frames 64000 \
+  --workers 8 --epochs 2 --compile --out "$out/nnet_bare_$gpu.jsonl" 2>&1 | tee -a "$out/nnet_bare_$gpu.log" || status=1
 exit $status
