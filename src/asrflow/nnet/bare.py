@@ -39,7 +39,7 @@ import torch
 from asrflow.config.settings import Training
 from asrflow.config.sizes import PRESETS
 from asrflow.features import cmvn_stats, write_ark
-from asrflow.nnet.bench import matmul_peak
+from asrflow.nnet.bench import append_line, matmul_peak
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, loaded
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
@@ -132,30 +132,9 @@ def _synchronise(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_loop(model: torch.nn.Module, objective: str, batch: dict[str, Any], amp: bool, steps: int,
-              warmup: int = 3) -> float:
+def bare_loop(model: torch.nn.Module, objective: str, batch: dict[str, Any], amp: bool, steps: int) -> float:
     """Frames per second of forward, backward and a (fused, on a GPU) AdamW step on one fixed batch."""
-    device = batch["feats"].device
-    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    loss_fn = OBJECTIVES[objective]
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-            logits, out_lengths = model(batch["feats"], batch["lengths"])
-        loss, _ = loss_fn(logits, out_lengths, batch)
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-
-    model.train()
-    for _ in range(warmup):
-        step()
-    _synchronise(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _synchronise(device)
-    return steps * int(batch["lengths"].sum()) / (time.perf_counter() - start)
+    return bare_epoch(model, objective, [batch] * steps, amp)
 
 
 def epoch_batches(objective: str, lengths: list[list[int]], device: torch.device, seed: int = 0) -> list[dict]:
@@ -305,10 +284,7 @@ def run_bare(presets: list[str], frames: int, opts: Training, bare_steps: int = 
             row = bench_preset(preset, *corpora[objective], opts, peak, bare_steps, log)
             log(json.dumps({k: row[k] for k in ROW_KEYS}))
             rows.append(row)
-            if out:
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
-                with open(out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            append_line(out, row)
     return rows
 
 
@@ -330,10 +306,7 @@ def run_data_path(frames: int, opts: Training, out: str | Path | None = None,
                    "specaugment": augment, **data_path_fps(dataset, run, "hybrid", device)}
             log(json.dumps(row))
             rows.append(row)
-            if out:
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
-                with open(out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            append_line(out, row)
     return rows
 
 

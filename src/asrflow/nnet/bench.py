@@ -123,6 +123,14 @@ def bench_network(config: dict[str, Any], system: str, paths: dict[str, Any], ep
             "datasheet_peak_tflops": sheet, "percent_of_datasheet_peak": 100 * achieved / sheet if sheet else None}
 
 
+def append_line(out: str | Path | None, row: dict[str, Any]) -> None:
+    """Append ``row`` as a JSON line to ``out`` (its folder made), when ``out`` is given."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of bench rows."""
     lines = ["| network | device | max_frames | frames/s | compute-only frames/s | data wait | GFLOP/frame "
@@ -153,8 +161,5 @@ def run_benchmark(config: dict[str, Any], systems: list[str], paths: dict[str, A
             row = bench_network(config, system, paths, epochs, frames, peak)
             log(json.dumps({k: row[k] for k in ROW_KEYS}))
             rows.append(row)
-            if out:
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
-                with open(out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            append_line(out, row)
     return rows
