@@ -54,3 +54,13 @@ def test_no_development_history_or_outside_paths() -> None:
 ])
 def test_the_patterns_catch_history_and_nothing_else(text: str, caught: bool) -> None:
     assert any(re.search(p, text) for p in FORBIDDEN) is caught
+
+
+def test_the_readme_stays_short() -> None:
+    """The README shows the headline results only; the rest lives in docs/ (at most 250 lines)."""
+    assert len((REPO / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
+
+
+def test_no_virtual_environment_is_tracked() -> None:
+    """.venv (a folder or a link to one) stays out of the repository."""
+    assert not [p for p in tracked_files() if p.relative_to(REPO).parts[0] in (".venv", ".whl", ".gpu_mirror")]
