@@ -22,12 +22,19 @@ FORBIDDEN = {
 BINARY = (".png", ".jpg", ".gif", ".pdf", ".pt", ".npy", ".gz")
 
 
-def tracked_files() -> list[Path]:
-    """The files git tracks (or, outside a git checkout, every file under the repository but .git and .venv)."""
+def git_names() -> list[str] | None:
+    """The paths git tracks (links too), or None outside a git checkout."""
     try:
         out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-        names = [n for n in out.decode().split("\0") if n]
     except (OSError, subprocess.CalledProcessError):
+        return None
+    return [n for n in out.decode().split("\0") if n]
+
+
+def tracked_files() -> list[Path]:
+    """The files git tracks (or, outside a git checkout, every file under the repository but .git and .venv)."""
+    names = git_names()
+    if names is None:
         names = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()
                  and not {".git", ".venv", "results"} & set(p.relative_to(REPO).parts)]
     return [REPO / n for n in names if not n.endswith(BINARY) and (REPO / n).is_file()]
@@ -63,9 +70,5 @@ def test_the_readme_stays_short() -> None:
 
 def test_no_virtual_environment_is_tracked() -> None:
     """.venv (a folder or a link to one) stays out of the repository."""
-    try:
-        names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
-    tracked = [n for n in names.decode().split("\0") if n]
+    tracked = git_names() or []  # outside a git checkout nothing is tracked
     assert not [n for n in tracked if n.split("/")[0] in (".venv", ".whl", ".gpu_mirror")]

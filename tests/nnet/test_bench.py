@@ -66,7 +66,7 @@ def test_the_bare_benchmark_sets_the_trainer_against_a_bare_loop(tmp_path: Path,
     """bench nnet --bare on synthetic data: a row per preset with every key the GPU runs report, and the
     LSTM FLOPs torch's counter leaves out counted by hand; --data-only measures the loader alone."""
     from asrflow.config.sizes import PRESETS
-    from asrflow.nnet.bare import recurrent_flops_per_frame
+    from asrflow.nnet.bench import recurrent_flops_per_frame
     from asrflow.nnet.models import build_model
 
     monkeypatch.setitem(PRESETS, "tiny_dnn", {"type": "dnn", "hidden": 32, "layers": 1, "context": 1})

@@ -84,7 +84,7 @@ def test_objective_adds_weighted_mmi_to_cross_entropy() -> None:
     graph = graph_from_arcs(ARCS, FINALS, 0, 4)
     priors = torch.log(torch.tensor([0.5, 0.3, 0.2]))
     logits = torch.randn(1, 5, 3, requires_grad=True)
-    batch = {"targets": torch.tensor([[0, 0, 1, 1, 2]])}
+    batch = {"targets": torch.tensor([[0, 0, 1, 1, 2]]), "target_lengths": torch.tensor([5])}  # as collate makes it
     lengths = torch.tensor([5])
     loss, stats = MmiObjective(graph, priors, 0.5, 0.1)(logits, lengths, batch)
     ce, _ = frame_cross_entropy(logits, lengths, batch)

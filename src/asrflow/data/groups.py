@@ -36,7 +36,5 @@ def speaker_groups(split_dir: Path, groups: dict[str, dict[str, Any]]) -> dict[s
 def group_of_speaker(split_dir: Path, groups: dict[str, dict[str, Any]]) -> dict[str, tuple[str, ...]]:
     """Speaker → its groups, one per attribute of ``groups`` in order ("" where the speaker lacks one)."""
     by_attribute = speaker_groups(split_dir, groups)
-    speakers = set(read_table(split_dir / "spk2utt")) if (split_dir / "spk2utt").is_file() else set()
-    for table in by_attribute.values():
-        speakers |= set(table)
+    speakers = set().union(*by_attribute.values())
     return {s: tuple(by_attribute[a].get(s, "") for a in groups) for s in speakers}

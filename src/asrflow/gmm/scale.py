@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asrflow.cluster import broadcast, dask_client, run_reduced
+from asrflow.cluster import broadcast, dask_client, peak_memory, run_reduced
 from asrflow.data.datadir import read_table
 from asrflow.features.ark import read_scp
 from asrflow.gmm.alignments import read_alignments, write_alignments
@@ -76,13 +76,6 @@ def replicate(data_dir: Path, feats_dir: Path, split: str, hours: float, out: Pa
     (out / "features" / split / "cmvn.scp").write_text(
         "".join(f"{spk} {cmvn[spk.split('-', 1)[1]]}\n" for spk in sorted(speakers)))
     return {"utterances": len(lines["text"]), "speakers": len(speakers), "frames": total, "copies": copy}
-
-
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory (MB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _rss_mb() -> float:
@@ -187,7 +180,7 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                     totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", opts,
                                          combine=merge_results, units=units, desc=f"realign-{target}h")
                 realign = time.perf_counter() - start
-                worker_peak_realign = max(client.run(_peak_rss_mb).values())
+                worker_peak_realign = peak_memory(client)["peak_rss_worker_mb"]
                 realign_cpu = _cpu_seconds() - cpu + _workers_cpu(client) - workers_cpu
                 realign_driver = driver_peak.peak
                 alignments = dict(totals.alignments or {})
@@ -202,7 +195,7 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                 accumulate = time.perf_counter() - start
                 accumulate_cpu = _cpu_seconds() - cpu + _workers_cpu(client) - workers_cpu
                 accumulate_driver = driver_peak.peak
-                worker_peak = max(client.run(_peak_rss_mb).values())
+                worker_peak = peak_memory(client)["peak_rss_worker_mb"]
                 worker_now, worker_cache = (max(v) for v in zip(*client.run(_worker_memory).values()))
             driver = _rss_mb()
             cpu = _cpu_seconds()

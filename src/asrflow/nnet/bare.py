@@ -17,9 +17,9 @@ per 8 input frames). For each model preset:
 - the **data path** alone makes every batch of an epoch with the trainer's loader (reading,
   CMVN, padding, SpecAugment when on, pinning) and copies it to the device, without a model.
 
-MFU is frames/s × model FLOPs per frame (forward + backward, counted by torch's
-``FlopCounterMode`` on a bare batch; LSTM layers, which it does not count, analytically) over the
-device's measured dense matrix-product rate (:func:`asrflow.nnet.bench.matmul_peak`).
+MFU is frames/s × model FLOPs per frame (forward + backward on a bare batch,
+:func:`asrflow.nnet.bench.batch_flops`) over the device's measured dense matrix-product rate
+(:func:`asrflow.nnet.bench.matmul_peak`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ import torch
 from asrflow.config.settings import Training
 from asrflow.config.sizes import PRESETS
 from asrflow.features import cmvn_stats, write_ark
-from asrflow.nnet.bench import append_line, matmul_peak
+from asrflow.nnet.bench import append_line, batch_flops, matmul_peak
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, loaded
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
@@ -81,50 +80,6 @@ def synthetic_corpus(root: Path, frames: int, objective: str, seed: int = 0, spe
         stats[speaker] = stats.get(speaker, 0) + cmvn_stats(matrix)
     (feats / "cmvn.scp").write_text("\n".join(write_ark(feats / "cmvn.ark", sorted(stats.items()))) + "\n")
     return targets
-
-
-def recurrent_flops_per_frame(model: torch.nn.Module) -> float:
-    """Forward + backward FLOPs per input frame of the model's LSTM layers (which torch's counter leaves out):
-    per layer and direction, 4 gates of (input + recurrent) × cells multiply-adds, and the projection."""
-    flops = 0.0
-    for lstm in (m for m in model.modules() if isinstance(m, torch.nn.LSTM)):
-        directions = 2 if lstm.bidirectional else 1
-        out = lstm.proj_size or lstm.hidden_size
-        for layer in range(lstm.num_layers):
-            inputs = lstm.input_size if layer == 0 else out * directions
-            per = 2 * 4 * lstm.hidden_size * (inputs + out) + (2 * lstm.hidden_size * out if lstm.proj_size else 0)
-            flops += directions * per
-    return 3 * flops
-
-
-def fixed_batch(objective: str, batch: int, frames: int, device: torch.device, seed: int = 0) -> dict[str, Any]:
-    """One batch of ``batch`` utterances of ``frames`` frames (no padding) with random targets, on ``device``."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.full((batch,), frames)
-    out: dict[str, Any] = {"feats": torch.randn(batch, frames, DIM, generator=generator).to(device),
-                           "lengths": lengths}
-    if objective == "hybrid":
-        out["targets"] = torch.randint(0, HYBRID_CLASSES, (batch, frames), generator=generator).to(device)
-        out["target_lengths"] = lengths.clone()
-    else:
-        units = frames // FRAMES_PER_UNIT
-        out["targets"] = torch.randint(1, CTC_UNITS, (batch, units), generator=generator).to(device)
-        out["target_lengths"] = torch.full((batch,), units)
-    return out
-
-
-def flops_per_frame(model: torch.nn.Module, objective: str, batch: dict[str, Any], amp: bool) -> float:
-    """Forward + backward FLOPs per input frame of ``model`` on ``batch`` (no padding)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    device = batch["feats"].device
-    with FlopCounterMode(display=False) as counter:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-            logits, out_lengths = model(batch["feats"], batch["lengths"])
-        loss, _ = OBJECTIVES[objective](logits, out_lengths, batch)
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / int(batch["lengths"].sum()) + recurrent_flops_per_frame(model)
 
 
 def _synchronise(device: torch.device) -> None:
@@ -189,15 +144,16 @@ def bare_epoch(model: torch.nn.Module, objective: str, batches: list[dict], amp:
 def data_path_fps(dataset: FeatureDataset, opts: Training, objective: str, device: torch.device) -> dict[str, float]:
     """Frames/s of the trainer's loader alone over one epoch (batches made, pinned and copied to ``device``),
     and the padding it costs (padded frames over real frames − 1)."""
-    from asrflow.nnet.train import _make_batch, _to
+    from asrflow.nnet.train import _BatchMaker, _to
 
     sampler = BucketBatchSampler(dataset.lengths, opts.max_frames, opts.seed)
-    batches = sampler.epoch_batches()
+    batches = sampler.epoch_batches(0)
     cuda = device.type == "cuda"
-    make = partial(_make_batch, dataset, batches, opts, objective, 0, 0, pin=cuda and not opts.loader_workers)
+    make = _BatchMaker(dataset, sampler, opts, objective, 0, pin=cuda and not opts.loader_workers)
     frames = 0
     start = time.perf_counter()
-    for _, batch in loaded(make, range(len(batches)), opts.loader_workers, opts.prefetch, pin=cuda):
+    for _, batch in loaded(make, [(0, i) for i in range(len(batches))], opts.loader_workers, opts.prefetch,
+                           pin=cuda):
         batch = _to(batch, device)
         frames += int(batch["lengths"].sum())
     _synchronise(device)
@@ -236,10 +192,11 @@ def bench_preset(preset: str, root: Path, targets: dict[str, np.ndarray], opts: 
                              subsampling=PRESETS[preset].get("subsampling", 1))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mean_length = int(np.mean(dataset.lengths))
-    batch = fixed_batch(objective, max(1, opts.max_frames // mean_length), mean_length, device)
+    batch = epoch_batches(objective, [[mean_length] * max(1, opts.max_frames // mean_length)], device)[0]
     torch.manual_seed(opts.seed)
     model = build_model({"preset": preset}, DIM, HYBRID_CLASSES if objective == "hybrid" else CTC_UNITS).to(device)
-    per_frame = flops_per_frame(model, objective, batch, opts.amp)
+    flops, frames = batch_flops(model, objective, batch, opts.amp)
+    per_frame = flops / frames
     bare = bare_loop(model, objective, batch, opts.amp, bare_steps)
     log(f"{preset}: bare loop {bare:,.0f} frames/s")
     sampler = BucketBatchSampler(dataset.lengths, opts.max_frames, opts.seed)

@@ -56,30 +56,51 @@ def matmul_peak(device: torch.device, size: int | None = None, repeats: int = 10
     return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e12
 
 
-def flops_per_frame(model_config: dict[str, Any], input_dim: int, num_classes: int, objective: str,
-                    dataset: Any, max_frames: int, batches: int = 4) -> float:
-    """Forward + backward FLOPs per training frame, counted on the first ``batches`` batches (CPU, float32).
+def recurrent_flops_per_frame(model: torch.nn.Module) -> float:
+    """Forward + backward FLOPs per input frame of the model's LSTM layers (which torch's counter leaves out):
+    per layer and direction, 4 gates of (input + recurrent) × cells multiply-adds, and the projection."""
+    flops = 0.0
+    for lstm in (m for m in model.modules() if isinstance(m, torch.nn.LSTM)):
+        directions = 2 if lstm.bidirectional else 1
+        out = lstm.proj_size or lstm.hidden_size
+        for layer in range(lstm.num_layers):
+            inputs = lstm.input_size if layer == 0 else out * directions
+            per = 2 * 4 * lstm.hidden_size * (inputs + out) + (2 * lstm.hidden_size * out if lstm.proj_size else 0)
+            flops += directions * per
+    return 3 * flops
 
-    Frames are those the trainer counts for throughput (the objective's ``frames``), so padding
-    is paid for but not credited, as in training.
-    """
+
+def batch_flops(model: torch.nn.Module, objective: str, batch: dict[str, Any], amp: bool = False) -> tuple[float, int]:
+    """Forward + backward FLOPs of ``model`` on one batch (torch's ``FlopCounterMode``, LSTM layers by
+    :func:`recurrent_flops_per_frame`), and the frames the trainer credits for it (padding paid, not credited)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from asrflow.nnet.objectives import OBJECTIVES
+
+    device = batch["feats"].device
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            logits, out_lengths = model(batch["feats"], batch["lengths"])
+        loss, stats = OBJECTIVES[objective](logits, out_lengths, batch)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    real = int(batch["lengths"].sum())  # packed sequences: an LSTM steps through real frames only
+    return counter.get_total_flops() + recurrent_flops_per_frame(model) * real, stats.frames
+
+
+def flops_per_frame(model_config: dict[str, Any], input_dim: int, num_classes: int, objective: str,
+                    dataset: Any, max_frames: int, batches: int = 4) -> float:
+    """Forward + backward FLOPs per training frame, counted on the first ``batches`` batches (CPU, float32)."""
     from asrflow.nnet.data import BucketBatchSampler, collate
     from asrflow.nnet.models import build_model
-    from asrflow.nnet.objectives import OBJECTIVES
 
     model = build_model(model_config, input_dim, num_classes)
     sampler = BucketBatchSampler(dataset.lengths, max_frames, seed=0)
     flops = frames = 0
     for indices in sampler.epoch_batches()[:batches]:
-        batch = collate([dataset[i] for i in indices])
-        with FlopCounterMode(display=False) as counter:
-            logits, out_lengths = model(batch["feats"], batch["lengths"])
-            loss, stats = OBJECTIVES[objective](logits, out_lengths, batch)
-            loss.backward()
-        flops += counter.get_total_flops()
-        frames += stats.frames
+        counted, credited = batch_flops(model, objective, collate([dataset[i] for i in indices]))
+        flops += counted
+        frames += credited
     return flops / max(frames, 1)
 
 

@@ -33,8 +33,7 @@ def frame_cross_entropy(logits: torch.Tensor, out_lengths: torch.Tensor,
     """Mean cross-entropy over the non-padding frames (targets padded with -100; their number is the
     sum of ``target_lengths``)."""
     targets = batch["targets"].to(logits.device)
-    lengths = batch.get("target_lengths")
-    frames = int(lengths.sum()) if lengths is not None else int((targets != -100).sum())
+    frames = int(batch["target_lengths"].sum())
     loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
     correct = ((logits.detach().argmax(-1) == targets) & (targets != -100)).sum()
     return loss / max(frames, 1), LossStats(loss.detach(), frames, correct, frames)
