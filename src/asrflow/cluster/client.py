@@ -239,8 +239,10 @@ def run_reduced(
 
     The results are combined pairwise in a fixed binary tree over the shard order (``combine(left,
     right)``, as Kaldi sums accumulators with ``gmm-sum-accs``), so the total is the same whatever the
-    workers or the order the shards finish in, and no process holds more than a few shards' results
-    at once: each shard's result is released as soon as its combination has it.
+    workers or the order the shards finish in. A combination outranks every shard not yet started (Dask
+    priority: its depth in the tree), so it runs as soon as its two inputs exist, and a worker holds a few
+    results per level of the tree (about log2 of the shards), not every shard's: each shard's result is
+    released as soon as its combination has it.
     """
     from dask.distributed import as_completed
 
@@ -258,7 +260,8 @@ def run_reduced(
     while len(level) > 1:
         depth += 1
         level = [client.submit(combine, level[i], level[i + 1], pure=False, retries=retries,
-                               key=f"{name}-{token}-sum{depth}-{i // 2}") if i + 1 < len(level) else level[i]
+                               key=f"{name}-{token}-sum{depth}-{i // 2}", priority=depth)
+                 if i + 1 < len(level) else level[i]
                  for i in range(0, len(level), 2)]
     root = level[0]
     pending = as_completed(leaves)

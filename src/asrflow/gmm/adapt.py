@@ -39,7 +39,7 @@ from asrflow.data.perturb import perturbed_split
 from asrflow.decode.decoder import DecodeOptions, decode_all, gmm_decodable, gmm_decode_options
 from asrflow.features.ark import write_ark, write_text_atomic
 from asrflow.gmm import fmllr
-from asrflow.gmm.alignments import read_alignments
+from asrflow.gmm.alignments import Alignment, load_alignment, read_alignments, shard_alignments
 from asrflow.gmm.estep import AlignOptions, Shard, features, text_graph, tree_key, viterbi_alignment
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
@@ -73,7 +73,7 @@ def adapted(shard: Shard, transforms: dict[str, np.ndarray]) -> list[np.ndarray]
             for x, s in zip(features(shard), shard.speakers)]
 
 
-def speaker_stats(item: tuple[Shard, dict[str, np.ndarray] | None], model_blob: bytes, graph_path: str,
+def speaker_stats(item: tuple[Shard, dict[str, Alignment] | None], model_blob: bytes, graph_path: str,
                   transforms: dict[str, np.ndarray], opts: AdaptOptions) -> SpeakerStats:
     """fMLLR statistics of a shard's speakers on their current adapted features (a Dask task).
 
@@ -97,7 +97,7 @@ def speaker_stats(item: tuple[Shard, dict[str, np.ndarray] | None], model_blob: 
     failed: list[tuple[str, str]] = []
     for utt, spk, x in zip(shard.utts, shard.speakers, feats):
         if alignments is not None:
-            ali = alignments.get(utt)
+            ali = load_alignment(alignments[utt]) if utt in alignments else None
             reason = "no forced alignment"
         elif not hyps.get(utt):
             ali, reason = None, "the first pass decoded no words"
@@ -210,7 +210,7 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
     for split, alignments in splits.items():
         shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
                               **gmm_features(gmm_dir))
-        items = [(s, None if alignments is None else {u: alignments[u] for u in s.utts if u in alignments})
+        items = [(s, None if alignments is None else shard_alignments(alignments, s.utts))
                  for s in shards]
         start_from = Path(init_dir) / split / "trans.txt" if init_dir is not None else None
         transforms = read_transforms(start_from) if start_from is not None and start_from.is_file() else {}

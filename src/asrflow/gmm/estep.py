@@ -3,7 +3,9 @@
 Every task is a pure function of (model, shard, alignments): it may run on any worker,
 twice, or after a worker died, and give the same statistics. Workers only *cache* what
 they can rebuild (features, compiled training graphs), within ``dask.cache_mb``
-(:mod:`asrflow.cluster.cache`: features and graphs half each); alignments live on the driver.
+(:mod:`asrflow.cluster.cache`: features and graphs half each). Alignments live in archives: a task
+that aligns writes its shard's into one (:func:`asrflow.gmm.alignments.write_archive`) and returns
+where they are; a task that accumulates is given those references and reads them.
 
 Tasks return plain numpy arrays (the wheels' accumulators do not pickle): per-Gaussian
 occupancy, first and second-order sums in the model's flat Gaussian order, transition
@@ -12,6 +14,7 @@ counts, and the log-likelihood.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ import numpy as np
 
 from asrflow.cluster.cache import Cache
 from asrflow.features import Projection, add_deltas, apply_cmvn, load
+from asrflow.gmm.alignments import Alignment, load_alignment, write_archive
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
@@ -65,11 +69,12 @@ class EStepResult:
     trans: np.ndarray
     like: float
     frames: int
-    alignments: dict[str, np.ndarray] | None = None
+    alignments: dict[str, Alignment] | None = None  # the shard's new ones (references once written)
     failed: list[tuple[str, str]] = field(default_factory=list)
     retried: int = 0
     align_like: float = 0.0
     seconds: float = 0.0
+    aligned_frames: int = 0  # frames of the new alignments
 
 
 def features(shard: Shard) -> list[np.ndarray]:
@@ -190,10 +195,17 @@ def accumulate(model: GmmModel, feats: list[np.ndarray], alignments: list[np.nda
     return occ, sx, sx2, trans, like, int(len(tids))
 
 
-def estep(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray] | None, mode: str,
-          opts: AlignOptions) -> EStepResult:
+def archive_name(shard: Shard) -> str:
+    """The file name of a shard's alignment archive (one per shard key)."""
+    return hashlib.sha1(shard.key.encode()).hexdigest()[:16] + ".ark"
+
+
+def estep(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment] | None, mode: str,
+          opts: AlignOptions, write_to: str | None = None) -> EStepResult:
     """One shard of an iteration. ``mode``: ``equal`` (flat start), ``realign``, ``accumulate``, or ``align``
-    (Viterbi alignments only, no statistics: aligning a split with a finished model)."""
+    (Viterbi alignments only, no statistics: aligning a split with a finished model). ``alignments``: the
+    shard's (accumulate), vectors or references; ``write_to``: the folder the new alignments are written to,
+    one archive per shard, the result then holding references to them."""
     start = time.perf_counter()
     model = GmmModel.from_bytes(model_blob)
     tree_id = tree_key(model)
@@ -203,6 +215,7 @@ def estep(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray] | N
     for i, utt in enumerate(shard.utts):
         if mode == "accumulate":
             ali = (alignments or {}).get(utt)
+            ali = None if ali is None else load_alignment(ali)
         else:
             graph = training_graph(model, shard, i, tree_id)
             if mode == "equal":
@@ -221,8 +234,11 @@ def estep(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray] | N
             kept_feats.append(feats[i])
             kept_ali.append(ali)
     occ, sx, sx2, trans, like, frames = accumulate(model, kept_feats, kept_ali)
+    aligned = sum(len(a) for a in new.values())
+    if mode != "accumulate" and write_to is not None:
+        new = write_archive(f"{write_to}/{archive_name(shard)}", new)
     return EStepResult(occ, sx, sx2, trans, like, frames, None if mode == "accumulate" else new, failed,
-                       retried, align_like, time.perf_counter() - start)
+                       retried, align_like, time.perf_counter() - start, aligned)
 
 
 def moments(shard: Shard) -> tuple[float, np.ndarray, np.ndarray]:
@@ -231,7 +247,7 @@ def moments(shard: Shard) -> tuple[float, np.ndarray, np.ndarray]:
     return float(len(x)), x.sum(0), (x * x).sum(0)
 
 
-def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray]):
+def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment]):
     """``acc-tree-stats`` for a shard, from a system's alignments (each frame's phone and HMM state)."""
     from asrflow.gmm.tree import TreeStats, accumulate_tree_stats
 
@@ -239,7 +255,7 @@ def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, np.ndarray
     phone_of, state_of = model.tid_tables
     parts = []
     for feats, utt in zip(features(shard), shard.utts):
-        ali = alignments.get(utt)
-        if ali is not None:
+        if utt in alignments:
+            ali = load_alignment(alignments[utt])
             parts.append(accumulate_tree_stats(feats, phone_of[ali], state_of[ali]))
     return TreeStats.merge(parts) if parts else None

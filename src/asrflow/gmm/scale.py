@@ -36,7 +36,7 @@ from typing import Any
 from asrflow.cluster import broadcast, dask_client, peak_memory, run_reduced
 from asrflow.data.datadir import read_table
 from asrflow.features.ark import read_scp
-from asrflow.gmm.alignments import read_alignments, write_alignments
+from asrflow.gmm.alignments import StoredAlignments, read_alignments, shard_alignments, write_alignments
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
@@ -178,19 +178,20 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                 start = time.perf_counter()
                 with PeakSampler() as driver_peak:
                     totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", opts,
-                                         combine=merge_results, units=units, desc=f"realign-{target}h")
+                                         str(root / "ali.parts"), combine=merge_results, units=units,
+                                         desc=f"realign-{target}h")
                 realign = time.perf_counter() - start
                 worker_peak_realign = peak_memory(client)["peak_rss_worker_mb"]
                 realign_cpu = _cpu_seconds() - cpu + _workers_cpu(client) - workers_cpu
                 realign_driver = driver_peak.peak
-                alignments = dict(totals.alignments or {})
+                alignments = StoredAlignments(totals.alignments)
                 totals.alignments = None
                 cpu, workers_cpu = _cpu_seconds(), _workers_cpu(client)
                 start = time.perf_counter()
                 with PeakSampler() as driver_peak:
                     accumulated = run_reduced(
                         client, estep_task,
-                        [(s, {u: alignments[u] for u in s.utts if u in alignments}) for s in shards],
+                        [(s, shard_alignments(alignments, s.utts)) for s in shards],
                         blob, "accumulate", opts, combine=merge_results, units=units, desc=f"accumulate-{target}h")
                 accumulate = time.perf_counter() - start
                 accumulate_cpu = _cpu_seconds() - cpu + _workers_cpu(client) - workers_cpu

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +32,7 @@ from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_data_dir, read_table
 from asrflow.data.holdout import held_out_utterances
 from asrflow.features import Projection
-from asrflow.gmm.alignments import read_alignments, write_alignments
+from asrflow.gmm.alignments import StoredAlignments, read_alignments, write_alignments
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
@@ -119,12 +120,15 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     cfg = config["gmm"][system]
     shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
                           **gmm_features(model_dir, adapted=system in SAT_SOURCES))
-    alignments, failed, results = align_shards(client, shards, model,
-                                               AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
-                                               config["dask"]["retries"], f"align-{split}")
+    parts = out / "ali.parts"  # the workers' archives, until ali/ is written from them
+    refs, failed, results = align_shards(client, shards, model,
+                                         AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
+                                         config["dask"]["retries"], f"align-{split}", parts)
+    alignments = StoredAlignments(refs)
     save_alignments(out / "ali", model, alignments)
+    shutil.rmtree(parts, ignore_errors=True)
     write_report(out / "report.tsv", failed)
-    frames = sum(len(a) for a in alignments.values())
+    frames = sum(r.aligned_frames for r in results)
     manifest = {"system": system, "split": split, "utterances": sum(len(s.utts) for s in shards),
                 "aligned": len(alignments), "failed": len(failed), "retried": sum(r.retried for r in results),
                 "loglike_per_frame": round(sum(r.align_like for r in results) / max(frames, 1), 4),
@@ -136,7 +140,7 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
 
 
 def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, only: set[str] | None,
-                client: Any, on_metrics: Any, log: Any, state: GmmState | None = None) -> tuple[TrainResult, int]:
+                client: Any, on_metrics: Any, log: Any, state: GmmState) -> tuple[TrainResult, int]:
     """The monophone on ``shards`` (the utterances ``only``, or all) or, with ``gmm.mono.subset``, on that many of
     them, then all of them aligned with it for the next system (``align_si.sh``); the result and how many it
     trained on."""
@@ -148,24 +152,24 @@ def _train_mono(config: dict[str, Any], shards: list, paths: Paths, train: str, 
                 sum(len(s.utts) for s in shards))
     few = split_shards(paths.data, paths.features, paths.lang, train, config["gmm"]["shard_utts"], only=subset)
     result = train_mono(config, few, paths.lang, client, on_metrics, log, state)
-    _align_more(config, "mono", result, shards, train, client)
+    _align_more(config, "mono", result, shards, train, client, state)
     log(f"mono: trained on {len(subset)} utterances ({cfg['subset_by']}), aligned {len(result.alignments)} of "
         f"{sum(len(s.utts) for s in shards)}")
     return result, len(subset)
 
 
 def _align_more(config: dict[str, Any], system: str, result: TrainResult, shards: list, split: str,
-                client: Any) -> None:
-    """Align the utterances of ``shards`` with the trained ``result.model`` (``align_si.sh``) and add them to its
-    alignments and failures, and the time to its seconds."""
+                client: Any, state: GmmState) -> None:
+    """Align the utterances of ``shards`` with the trained ``result.model`` (``align_si.sh``; archives in
+    ``state``'s folder) and add them to its alignments and failures, and the time to its seconds."""
     if not shards:
         return
     cfg = config["gmm"][system]
     start = time.perf_counter()
     alignments, failed, _ = align_shards(client, shards, result.model,
                                          AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
-                                         config["dask"]["retries"], f"align-{split}")
-    result.alignments.update(alignments)
+                                         config["dask"]["retries"], f"align-{split}", state.archives("ali.more"))
+    result.alignments.refs.update(alignments)
     result.failed = {u: r for u, r in {**result.failed, **failed}.items() if u not in alignments}
     result.seconds += time.perf_counter() - start
 
@@ -234,7 +238,7 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
             result.projection = Projection.load(source_dir)
     if held:  # the held-out utterances aligned for the networks' validation (sat's projection is its source's)
         _align_more(config, system, result, shards_of(held, result.projection if system == "lda" else None), train,
-                    client)
+                    client, state)
     result.model.save(out)
     if result.projection is not None:
         result.projection.save(out)

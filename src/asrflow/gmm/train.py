@@ -1,6 +1,10 @@
 """GMM-HMM training drivers: flat-start monophone (``train_mono.sh``) and triphone with
 decision-tree state tying (``train_deltas.sh``; on LDA+MLLT features, ``train_lda_mllt.sh``; on adapted
 features, ``train_sat.sh``). E-steps run on Dask; M-steps on the driver.
+
+The driver never holds the alignments themselves: the E-step tasks write them into per-shard archives
+in the training's state folder (``ali.<iteration>/``) and hand back where they are
+(:mod:`asrflow.gmm.alignments`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 
 from asrflow.cluster import broadcast, run_reduced, run_sharded
 from asrflow.features import Projection, splice
+from asrflow.gmm.alignments import Alignment, StoredAlignments, load_alignment, shard_alignments
 from asrflow.gmm.estep import AlignOptions, Shard, estep, features, moments, tree_stats
 from asrflow.gmm.lda import (
     LdaStats,
@@ -36,13 +41,13 @@ from asrflow.gmm.update import m_step, merge_results, pdf_occupancies, split_gau
 Metrics = Callable[[int, dict[str, float]], None]
 #: Called before each iteration with (iteration, model, alignments); returns the shards to use from then on
 #: (their features changed) or None.
-BeforeIteration = Callable[[int, GmmModel, dict[str, np.ndarray]], list[Shard] | None]
+BeforeIteration = Callable[[int, GmmModel, dict[str, Alignment]], list[Shard] | None]
 
 
 @dataclass
 class TrainResult:
     model: GmmModel
-    alignments: dict[str, np.ndarray]
+    alignments: StoredAlignments  # read from the state folder's archives: write them out before state.finish()
     failed: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     iterations: int = 0
@@ -52,9 +57,10 @@ class TrainResult:
 
 def _run_iterations(client: Any, shards: list[Shard], progress: Progress, cfg: dict[str, Any], realign: set[int],
                     max_iter_inc: int, retries: int, on_metrics: Metrics, log: Callable[[str], None],
-                    state: GmmState | None = None, first_beam: float | None = None,
+                    state: GmmState, first_beam: float | None = None,
                     before: BeforeIteration | None = None) -> Progress:
-    """The EM iterations from ``progress.iteration`` to ``cfg["iterations"]``, saved to ``state`` after each one.
+    """The EM iterations from ``progress.iteration`` to ``cfg["iterations"]``, saved to ``state`` after each one
+    (a realignment's archives in its folder ``ali.<iteration>``).
 
     ``first_beam``: the alignment beam of iteration 1 (the monophone's first realignment); ``before``: called at
     the start of each iteration (lda: MLLT), may change the shards.
@@ -68,9 +74,9 @@ def _run_iterations(client: Any, shards: list[Shard], progress: Progress, cfg: d
         beam = first_beam if (first_beam is not None and it == 1) else cfg["beam"]
         opts = AlignOptions(beam=beam, retry_beam=cfg["retry_beam"])
         blob = broadcast(client, model.to_bytes())
-        per_shard = [None if mode == "realign" else {u: alignments[u] for u in s.utts if u in alignments}
-                     for s in shards]
-        totals = run_reduced(client, estep_task, list(zip(shards, per_shard)), blob, mode, opts,
+        per_shard = [None if mode == "realign" else shard_alignments(alignments, s.utts) for s in shards]
+        write_to = str(state.archives(f"ali.{it}")) if mode == "realign" else None
+        totals = run_reduced(client, estep_task, list(zip(shards, per_shard)), blob, mode, opts, write_to,
                              combine=merge_results, units=[len(s.utts) for s in shards], desc=f"iter{it}-{mode}",
                              retries=retries)
         if mode == "realign":
@@ -83,8 +89,7 @@ def _run_iterations(client: Any, shards: list[Shard], progress: Progress, cfg: d
         if it <= max_iter_inc:
             progress.numgauss += progress.incgauss
         progress.iteration += 1
-        if state is not None:
-            state.save(progress, realigned=mode == "realign")
+        state.save(progress)
         seconds = time.perf_counter() - start
         metrics = {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
                    "gaussians": model.am.num_gauss, "pdfs": model.am.num_pdfs, "seconds": seconds,
@@ -104,44 +109,46 @@ def _start(model: GmmModel, target: int, max_iter_inc: int, seed: int) -> Progre
                     np.random.default_rng(seed))
 
 
-def _resumed(state: GmmState | None, begin: Callable[[], Progress]) -> Progress:
+def _resumed(state: GmmState, begin: Callable[[], Progress]) -> Progress:
     """``state``'s saved progress, or ``begin()``'s (saved at once, so a failure after it does not redo it)."""
-    progress = state.load() if state is not None else None
+    progress = state.load()
     if progress is None:
         progress = begin()
-        if state is not None:
-            state.save(progress)
+        state.save(progress)
     return progress
 
 
 def _result(progress: Progress, start: float, cfg: dict[str, Any], info: dict | None = None,
             projection: Projection | None = None) -> TrainResult:
     """The trained system: failures are the utterances that ended without an alignment."""
-    return TrainResult(progress.model, progress.alignments,
+    return TrainResult(progress.model, StoredAlignments(progress.alignments),
                        {u: r for u, r in progress.failed.items() if u not in progress.alignments},
                        time.perf_counter() - start, cfg["iterations"], info or {}, projection)
 
 
-def estep_task(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: AlignOptions):
+def estep_task(item: tuple[Shard, dict | None], blob: bytes, mode: str, opts: AlignOptions,
+               write_to: str | None = None):
     """:func:`asrflow.gmm.estep.estep` of one (shard, its alignments) item (the Dask task)."""
     shard, alignments = item
-    return estep(shard, blob, alignments, mode, opts)
+    return estep(shard, blob, alignments, mode, opts, write_to)
 
 
 def train_mono(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, client: Any,
                on_metrics: Metrics, log: Callable[[str], None] = print, state: GmmState | None = None) -> TrainResult:
-    """Flat-start monophone training (Kaldi ``train_mono.sh``); from ``state``'s saved progress if it has one."""
+    """Flat-start monophone training (Kaldi ``train_mono.sh``); from ``state``'s saved progress if it has one
+    (without one, in a temporary folder of this machine's: local workers only)."""
     start = time.perf_counter()
     cfg = config["gmm"]["mono"]
     retries = config["dask"]["retries"]
-    progress = _resumed(state, lambda: _equal_pass(config, shards, lang_dir, client, on_metrics, log))
+    state = state or GmmState(None, "", log)
+    progress = _resumed(state, lambda: _equal_pass(config, shards, lang_dir, client, on_metrics, log, state))
     progress = _run_iterations(client, shards, progress, cfg, set(cfg["realign_iterations"]), cfg["max_iter_inc"],
                                retries, on_metrics, log, state, first_beam=cfg["initial_beam"])
     return _result(progress, start, cfg)
 
 
 def _equal_pass(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path, client: Any,
-                on_metrics: Metrics, log: Callable[[str], None]) -> Progress:
+                on_metrics: Metrics, log: Callable[[str], None], state: GmmState) -> Progress:
     """The monophone from the features' global mean and variance, estimated once from equal alignments
     (iteration 0)."""
     start = time.perf_counter()
@@ -157,8 +164,8 @@ def _equal_pass(config: dict[str, Any], shards: list[Shard], lang_dir: str | Pat
     # Pass 0: equal alignment, then estimate (gmm-est --min-gaussian-occupancy=3).
     blob = broadcast(client, model.to_bytes())
     totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "equal", AlignOptions(),
-                         combine=merge_results, units=[len(s.utts) for s in shards], desc="iter0-equal",
-                         retries=retries)
+                         str(state.archives("ali.0")), combine=merge_results, units=[len(s.utts) for s in shards],
+                         desc="iter0-equal", retries=retries)
     progress.alignments.update(totals.alignments or {})
     progress.failed.update(totals.failed)
     m_step(model, totals, min_gaussian_occupancy=3.0)
@@ -169,11 +176,12 @@ def _equal_pass(config: dict[str, Any], shards: list[Shard], lang_dir: str | Pat
 
 
 def align_shards(client: Any, shards: list[Shard], model: GmmModel, opts: AlignOptions, retries: int,
-                 desc: str) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
-    """Force-align every utterance of ``shards`` with ``model`` (``gmm-align-compiled``): alignments, the
-    utterances that failed with why, and the per-shard E-step results."""
+                 desc: str, folder: str | Path) -> tuple[dict[str, str], dict[str, str], list]:
+    """Force-align every utterance of ``shards`` with ``model`` (``gmm-align-compiled``) into archives in
+    ``folder``: where each alignment is, the utterances that failed with why, and the per-shard E-step
+    results."""
     blob = broadcast(client, model.to_bytes())
-    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align", opts,
+    results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align", opts, str(folder),
                           units=[len(s.utts) for s in shards], desc=desc, retries=retries)
     alignments = {u: a for r in results for u, a in r.alignments.items()}
     failed = {u: reason for r in results for u, reason in r.failed}
@@ -190,6 +198,8 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
     is saved after each iteration and resumed from."""
     start = time.perf_counter()
     cfg = config["gmm"][system]
+    state = state or GmmState(None, "", log)
+
     def begin() -> Progress:
         model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
         progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
@@ -216,12 +226,13 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
     start = time.perf_counter()
     cfg = config["gmm"]["lda"]
     retries = config["dask"]["retries"]
+    state = state or GmmState(None, "", log)
     silence = {int(x) for x in (Path(lang_dir) / "silence.int").read_text().split()}
 
     def begin() -> Progress:
         blob = broadcast(client, source.to_bytes())
         plain = make_shards(None)
-        per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in plain]
+        per_shard = [shard_alignments(source_alignments, s.utts) for s in plain]
         stats = run_reduced(client, _lda_stats_task, list(zip(plain, per_shard)), blob, cfg["splice"], silence,
                             combine=operator.add, units=[len(s.utts) for s in plain], desc="lda-stats",
                             retries=retries)
@@ -238,12 +249,12 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
     extra = progress.extra
     shards = make_shards(extra["projection"])  # through the projection reached so far
 
-    def before(it: int, model: GmmModel, alignments: dict[str, np.ndarray]) -> list[Shard] | None:
+    def before(it: int, model: GmmModel, alignments: dict[str, Alignment]) -> list[Shard] | None:
         nonlocal shards
         if it not in cfg["mllt_iterations"] or not alignments:
             return None
         blob = broadcast(client, model.to_bytes())
-        per_shard = [{u: alignments[u] for u in s.utts if u in alignments} for s in shards]
+        per_shard = [shard_alignments(alignments, s.utts) for s in shards]
         mllt = run_reduced(client, _mllt_stats_task, list(zip(shards, per_shard)), blob, silence,
                            combine=operator.add, units=[len(s.utts) for s in shards], desc=f"iter{it}-mllt",
                            retries=retries)
@@ -263,14 +274,14 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
 
 
 def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
-                source: GmmModel, source_alignments: dict[str, np.ndarray], client: Any,
+                source: GmmModel, source_alignments: Mapping[str, np.ndarray], client: Any,
                 log: Callable[[str], None], system: str) -> tuple[GmmModel, dict[str, Any]]:
     """A decision tree from the source system's alignments over the shards' features, and the model it starts
     (one Gaussian per leaf); with its description for the manifest."""
     retries = config["dask"]["retries"]
     lang_dir = Path(lang_dir)
     blob = broadcast(client, source.to_bytes())
-    per_shard = [{u: source_alignments[u] for u in s.utts if u in source_alignments} for s in shards]
+    per_shard = [shard_alignments(source_alignments, s.utts) for s in shards]
     stats = run_reduced(client, _tree_stats_args, list(zip(shards, per_shard)), blob, combine=_merge_tree_stats,
                         desc="tree-stats", retries=retries)
     if stats is None:
@@ -289,12 +300,12 @@ def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard]
     return model, {"leaves": result.num_pdfs, "questions": len(questions), "tree_splits": result.splits}
 
 
-def _aligned_frames(shard: Shard, model: GmmModel, alignments: dict[str, np.ndarray],
+def _aligned_frames(shard: Shard, model: GmmModel, alignments: dict[str, Alignment],
                     silence: set[int]) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The shard's aligned utterances: their features, each frame's pdf and its weight (0 on silence)."""
     feats, pdfs, weights = [], [], []
     for x, utt in zip(features(shard), shard.utts):
-        ali = alignments.get(utt)
+        ali = load_alignment(alignments[utt]) if utt in alignments else None
         if ali is not None and len(ali) == len(x):
             feats.append(x)
             pdfs.append(model.tid2pdf[ali])

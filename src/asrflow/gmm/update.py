@@ -23,7 +23,7 @@ def merge_results(left: EStepResult, right: EStepResult) -> EStepResult:
     return EStepResult(left.occ + right.occ, left.x + right.x, left.x2 + right.x2, left.trans + right.trans,
                        left.like + right.like, left.frames + right.frames, alignments, left.failed + right.failed,
                        left.retried + right.retried, left.align_like + right.align_like,
-                       left.seconds + right.seconds)
+                       left.seconds + right.seconds, left.aligned_frames + right.aligned_frames)
 
 
 def split_gaussians(model: GmmModel, pdf_occs: np.ndarray, target: int, rng: np.random.Generator,

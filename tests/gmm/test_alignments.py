@@ -1,0 +1,50 @@
+"""Alignment archives: per-shard archives written by tasks, read back by reference or through Kaldi's scp."""
+
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+
+from asrflow.gmm.alignments import (
+    StoredAlignments,
+    load_alignment,
+    read_alignments,
+    shard_alignments,
+    write_alignments,
+    write_archive,
+)
+
+
+def test_a_shard_archive_is_read_back_by_its_references(tmp_path: Path) -> None:
+    vectors = {"u2": np.array([5, 6, 7], dtype=np.int32), "u1": np.arange(40, dtype=np.int64)}
+    refs = write_archive(tmp_path / "ali.1" / "shard.ark", vectors)
+    assert sorted(refs) == ["u1", "u2"]
+    assert all(ref.startswith(f"{tmp_path / 'ali.1' / 'shard.ark'}:") for ref in refs.values())
+    for utt, ref in refs.items():
+        # a Kaldi rxfilename: kaldiio (as Kaldi's tools) reads it as an int32 vector
+        np.testing.assert_array_equal(kaldiio.load_mat(ref), vectors[utt])
+        assert load_alignment(ref).dtype == np.int32
+    assert [p.name for p in (tmp_path / "ali.1").iterdir()] == ["shard.ark"]  # no temporary file left
+    stored = StoredAlignments(refs)
+    assert len(stored) == 2 and "u1" in stored and "u3" not in stored
+    np.testing.assert_array_equal(stored["u2"], [5, 6, 7])
+
+
+def test_tasks_get_references_of_stored_alignments_and_vectors_of_others(tmp_path: Path) -> None:
+    refs = write_archive(tmp_path / "a.ark", {"u1": np.arange(3), "u2": np.arange(4)})
+    given = shard_alignments(StoredAlignments(refs), ["u2", "u9"])
+    assert given == {"u2": refs["u2"]}  # a reference (a short string), not the vector
+    plain = {"u1": np.arange(3)}
+    assert shard_alignments(plain, ["u1", "u2"]).keys() == {"u1"}
+    np.testing.assert_array_equal(load_alignment(shard_alignments(plain, ["u1"])["u1"]), np.arange(3))
+
+
+def test_an_alignment_folder_is_written_from_references_and_read_lazily(tmp_path: Path) -> None:
+    refs = write_archive(tmp_path / "parts" / "0.ark", {"b": np.array([1, 2, 2]), "a": np.array([3, 3])})
+    tid2pdf, tid2phone = np.array([0, 10, 20, 30]), np.array([0, 1, 1, 2])
+    write_alignments(tmp_path / "ali", tid2pdf, tid2phone, StoredAlignments(refs))
+    tids = read_alignments(tmp_path / "ali")
+    assert list(tids) == ["a", "b"]  # sorted, as Kaldi's archives
+    np.testing.assert_array_equal(read_alignments(tmp_path / "ali", "pdfs")["b"], [10, 20, 20])
+    np.testing.assert_array_equal(read_alignments(tmp_path / "ali", "phones")["a"], [2, 2])
+    assert dict(kaldiio.load_scp(str(tmp_path / "ali" / "transition_ids.scp")))["b"].tolist() == [1, 2, 2]
