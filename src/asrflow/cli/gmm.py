@@ -79,7 +79,8 @@ def register(sub: Any) -> None:
                    help="the folder of the system whose alignments start this one (tri: mono; lda: tri; sat: lda)")
     p.add_argument("--out", required=True)
     p.add_argument("--state", help="folder for the progress saved after every iteration, resumed from when the "
-                                   "job is rerun after a failure (default: none saved)")
+                                   "job is rerun after a failure, and where the workers write the alignments while "
+                                   "it trains: on a file system they share (default: <out>/.state)")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_gmm)
 

@@ -195,10 +195,12 @@ def train_system(config: dict[str, Any], system: str, train: str, data_dir: str 
     speaker-adaptively trained system (:data:`~asrflow.config.SAT_SOURCES`) the fmllr stage's
     adapted features, used as they are. ``source_dir``: the system whose alignments build the tree
     (tri: mono; lda: tri; sat: lda). ``state_dir``: where the training progress is saved after every
-    iteration, so that a rerun after a failure goes on from there (:mod:`asrflow.gmm.resume`).
+    iteration, so that a rerun after a failure goes on from there (:mod:`asrflow.gmm.resume`), and the
+    workers' alignment archives (default: ``out_dir/.state``, removed at the end).
     """
     out, lang_dir = Path(out_dir), Path(lang_dir)
     out.mkdir(parents=True, exist_ok=True)
+    state_dir = out / ".state" if state_dir is None else state_dir  # where the workers can write
     shard_utts = config["gmm"]["shard_utts"]
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
