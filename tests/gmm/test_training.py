@@ -448,10 +448,11 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     stages: list[dict] = []
     rows = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05, 0.1], 1,
                            log=QUIET, stages=stages)
-    assert [s["stage"] for s in stages] == ["realign", "accumulate", "alignments", "nnet_read"] * 2
+    assert [s["stage"] for s in stages] == ["realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read"] * 2
     for line in stages:
         assert line["wall_s"] >= 0 and line["cpu_s"] >= 0 and line["peak_rss_driver_mb"] > 10, line
-    assert stages[0]["peak_rss_worker_mb"] > 10 and stages[3]["frames_per_second"] > 0
+    assert stages[0]["peak_rss_worker_mb"] > 10 and stages[5]["frames_per_second"] > 0
+    assert 0 < stages[3]["adapted"] <= stages[3]["speakers"] and stages[2]["leaves"] > 1
     assert [r["hours"] >= h for r, h in zip(rows, (0.05, 0.1))] == [True, True]
     assert rows[1]["utterances"] > rows[0]["utterances"] and not any(r["failed"] for r in rows)
     assert rows[0]["reduced_mb"] == rows[1]["reduced_mb"]

@@ -20,20 +20,25 @@ realignment and an accumulation, their statistics summed on the workers
 With ``--stages`` it also writes one line per stage and size in the keys every stage shares
 (``stage``, ``hours``, ``wall_s``, ``cpu_s`` of the driver and workers, ``peak_rss_driver_mb``
 sampled while the stage ran, ``peak_rss_worker_mb`` the largest worker's peak so far):
-``realign``, ``accumulate``, ``alignments`` and ``nnet_read`` (one epoch of the networks' data
-path over the replicated split: read, CMVN, pad; no model).
+``realign``, ``accumulate``, ``tree`` (tree statistics from the new alignments and the tree
+built from them), ``fmllr`` (one pass of fMLLR statistics and a transform for every speaker; each
+copy of a speaker is a new one), ``alignments`` and ``nnet_read`` (one epoch of the networks'
+data path over the replicated split: read, CMVN, pad; no model). Each size runs in a process of
+its own, so the driver's memory is that size's alone.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asrflow.cluster import broadcast, dask_client, peak_memory, run_reduced
+from asrflow.cluster import broadcast, dask_client, peak_memory, run_reduced, run_sharded
 from asrflow.data.datadir import read_table
 from asrflow.features.ark import read_scp
 from asrflow.gmm.alignments import StoredAlignments, read_alignments, shard_alignments, write_alignments
@@ -156,87 +161,118 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                     model_dir: str | Path, split: str, hours: list[float], workers: int, log=print,
                     stages: list[dict] | None = None) -> list[dict]:
     """One realign and one accumulate E-step of the system in ``model_dir`` over ``split`` replicated to each of
-    ``hours``, on a fresh local cluster of ``workers`` processes each time; one row per size. ``stages``, when
-    given, receives one :func:`stage_line` per stage and size: ``realign``, ``accumulate``, ``alignments``
-    (writing and reading them back) and ``nnet_read`` (one epoch of the networks' data path)."""
-    model = GmmModel.load(model_dir)
-    cfg = config["gmm"]["mono"]
-    opts = AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"])
+    ``hours``, each size in a fresh process (so its driver's peak memory is its own) with a fresh local cluster
+    of ``workers`` processes; one row per size. ``stages``, when given, receives one :func:`stage_line` per stage
+    and size: ``realign``, ``accumulate``, ``tree`` (tree statistics from the alignments, and the tree),
+    ``fmllr`` (one pass of every speaker's statistics and transform), ``alignments`` (writing and reading them
+    back) and ``nnet_read`` (one epoch of the networks' data path)."""
     rows = []
+    spawn = multiprocessing.get_context("spawn")
     for target in hours:
-        with tempfile.TemporaryDirectory(prefix="asrflow-scale-") as tmp:
-            root = Path(tmp)
-            counts = replicate(Path(data_dir), Path(feats_dir), split, target, root)
-            audio_hours = counts["frames"] / 360_000
-            shards = split_shards(root / "data", root / "features", lang_dir, split, config["gmm"]["shard_utts"],
-                                  **gmm_features(model_dir))
-            dask_cfg = {**config["dask"], "workers": workers, "dashboard": False, "single_worker_thread": False}
-            with dask_client(dask_cfg, log=lambda *_: None) as client:
-                blob = broadcast(client, model.to_bytes())
-                units = [len(s.utts) for s in shards]
-                cpu, workers_cpu = _cpu_seconds(), _workers_cpu(client)
-                start = time.perf_counter()
-                with PeakSampler() as driver_peak:
-                    totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", opts,
-                                         str(root / "ali.parts"), combine=merge_results, units=units,
-                                         desc=f"realign-{target}h")
-                realign = time.perf_counter() - start
-                worker_peak_realign = peak_memory(client)["peak_rss_worker_mb"]
-                realign_cpu = _cpu_seconds() - cpu + _workers_cpu(client) - workers_cpu
-                realign_driver = driver_peak.peak
-                alignments = StoredAlignments(totals.alignments)
-                totals.alignments = None
-                cpu, workers_cpu = _cpu_seconds(), _workers_cpu(client)
-                start = time.perf_counter()
-                with PeakSampler() as driver_peak:
-                    accumulated = run_reduced(
-                        client, estep_task,
-                        [(s, shard_alignments(alignments, s.utts)) for s in shards],
-                        blob, "accumulate", opts, combine=merge_results, units=units, desc=f"accumulate-{target}h")
-                accumulate = time.perf_counter() - start
-                accumulate_cpu = _cpu_seconds() - cpu + _workers_cpu(client) - workers_cpu
-                accumulate_driver = driver_peak.peak
-                worker_peak = peak_memory(client)["peak_rss_worker_mb"]
-                worker_now, worker_cache = (max(v) for v in zip(*client.run(_worker_memory).values()))
-            driver = _rss_mb()
-            cpu = _cpu_seconds()
-            start = time.perf_counter()
-            with PeakSampler() as driver_peak:
-                write_alignments(root / "ali", model.tid2pdf, model.tid_tables[0], alignments)
-                del alignments
-                frames = 0
-                for ali in read_alignments(root / "ali").values():
-                    frames += len(ali)
-            read_seconds = time.perf_counter() - start
-            read_cpu, read_driver = _cpu_seconds() - cpu, driver_peak.peak
-            cpu = _cpu_seconds()
-            start = time.perf_counter()
-            with PeakSampler() as driver_peak:
-                read_frames, padding = _read_epoch(root, split)
-            nnet_read = time.perf_counter() - start
-            if stages is not None:
-                stages += [
-                    stage_line("realign", audio_hours, realign, realign_cpu, realign_driver, worker_peak_realign,
-                               workers=workers, utterances=counts["utterances"], failed=len(totals.failed)),
-                    stage_line("accumulate", audio_hours, accumulate, accumulate_cpu, accumulate_driver, worker_peak,
-                               workers=workers, reduced_mb=round(len(pickle.dumps(accumulated)) / 2**20, 2)),
-                    stage_line("alignments", audio_hours, read_seconds, read_cpu, read_driver, None,
-                               alignments_mb=round(frames * 4 / 2**20, 1)),
-                    stage_line("nnet_read", audio_hours, nnet_read, _cpu_seconds() - cpu, driver_peak.peak, None,
-                               frames_per_second=round(read_frames / max(nnet_read, 1e-9)),
-                               padding=round(padding, 4))]
-        row = {"hours": round(audio_hours, 2), "utterances": counts["utterances"], "speakers": counts["speakers"],
-               "shards": len(shards), "workers": workers, "gaussians": model.am.num_gauss,
-               "realign_seconds": round(realign, 2), "accumulate_seconds": round(accumulate, 2),
-               "seconds_per_hour": round((realign + accumulate) / audio_hours, 3),
-               "driver_rss_mb": round(driver, 1), "alignments_mb": round(frames * 4 / 2**20, 1),
-               "reduced_mb": round(len(pickle.dumps(accumulated)) / 2**20, 2),
-               "worker_rss_mb": round(worker_peak, 1), "worker_rss_after_mb": round(worker_now, 1),
-               "worker_cache_mb": round(worker_cache, 1), "cache_mb": config["dask"]["cache_mb"],
-               "read_alignments_seconds": round(read_seconds, 2), "read_rss_mb": round(_rss_mb(), 1),
-               "failed": len(totals.failed)}
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            row, lines = pool.submit(_one_size, config, Path(data_dir), Path(feats_dir), Path(lang_dir),
+                                     Path(model_dir), split, target, workers).result()
         log(f"{row['hours']} h: realign {row['realign_seconds']} s, accumulate {row['accumulate_seconds']} s "
             f"({row['seconds_per_hour']} s/h), driver {row['driver_rss_mb']} MB, worker peak "
             f"{row['worker_rss_mb']} MB")
         rows.append(row)
+        if stages is not None:
+            stages += lines
     return rows
+
+
+class _Stage:
+    """Wall time, CPU time of the driver and workers, and the driver's sampled peak memory of one stage."""
+
+    def __init__(self, client: Any | None = None) -> None:
+        self.client = client
+
+    def __enter__(self) -> _Stage:
+        self.cpu = _cpu_seconds() + (_workers_cpu(self.client) if self.client is not None else 0.0)
+        self.sampler = PeakSampler().__enter__()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.start
+        self.sampler.__exit__(*exc)
+        self.driver = self.sampler.peak
+        self.cpu = _cpu_seconds() + (_workers_cpu(self.client) if self.client is not None else 0.0) - self.cpu
+        self.worker = peak_memory(self.client)["peak_rss_worker_mb"] if self.client is not None else None
+
+    def line(self, stage: str, hours: float, **extra: Any) -> dict[str, Any]:
+        return stage_line(stage, hours, self.wall, self.cpu, self.driver, self.worker, **extra)
+
+
+def _one_size(config: dict[str, Any], data_dir: Path, feats_dir: Path, lang_dir: Path, model_dir: Path,
+              split: str, target: float, workers: int) -> tuple[dict[str, Any], list[dict]]:
+    """The benchmark at one size (run in a process of its own): its row and its stage lines."""
+    from asrflow.decode.decoder import gmm_decode_options
+    from asrflow.gmm.adapt import AdaptOptions, speaker_stats, update_transforms
+    from asrflow.gmm.train import tree_model
+
+    model = GmmModel.load(model_dir)
+    cfg = config["gmm"]["mono"]
+    opts = AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"])
+    lines: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="asrflow-scale-") as tmp:
+        root = Path(tmp)
+        counts = replicate(data_dir, feats_dir, split, target, root)
+        hours = counts["frames"] / 360_000
+        shards = split_shards(root / "data", root / "features", lang_dir, split, config["gmm"]["shard_utts"],
+                              **gmm_features(model_dir))
+        units = [len(s.utts) for s in shards]
+        dask_cfg = {**config["dask"], "workers": workers, "dashboard": False, "single_worker_thread": False}
+        with dask_client(dask_cfg, log=lambda *_: None) as client:
+            blob = broadcast(client, model.to_bytes())
+            with _Stage(client) as realign:
+                totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", opts,
+                                     str(root / "ali.parts"), combine=merge_results, units=units,
+                                     desc=f"realign-{target}h")
+            alignments = StoredAlignments(totals.alignments)
+            totals.alignments = None
+            lines.append(realign.line("realign", hours, workers=workers, utterances=counts["utterances"],
+                                      failed=len(totals.failed)))
+            with _Stage(client) as accumulate:
+                accumulated = run_reduced(client, estep_task, [(s, shard_alignments(alignments, s.utts))
+                                                               for s in shards],
+                                          blob, "accumulate", opts, combine=merge_results, units=units,
+                                          desc=f"accumulate-{target}h")
+            reduced_mb = round(len(pickle.dumps(accumulated)) / 2**20, 2)
+            lines.append(accumulate.line("accumulate", hours, workers=workers, reduced_mb=reduced_mb))
+            tri = config["gmm"]["tri"]
+            with _Stage(client) as tree:
+                _, info = tree_model(config, tri, shards, lang_dir, model, alignments, client, lambda *_: None,
+                                      "tri")
+            lines.append(tree.line("tree", hours, workers=workers, leaves=info["leaves"]))
+            adapt = AdaptOptions(gmm_decode_options(config["decode"]), opts, config["fmllr"]["silence_weight"])
+            with _Stage(client) as fmllr:
+                results = run_sharded(client, speaker_stats, [(s, shard_alignments(alignments, s.utts))
+                                                              for s in shards],
+                                      blob, "", {}, adapt, units=units, desc=f"fmllr-{target}h")
+                transforms: dict = {}
+                update_transforms(results, transforms, config["fmllr"], {})
+                del results
+            lines.append(fmllr.line("fmllr", hours, workers=workers, speakers=counts["speakers"],
+                                    adapted=len(transforms)))
+            worker_now, worker_cache = (max(v) for v in zip(*client.run(_worker_memory).values()))
+        with _Stage() as written:
+            write_alignments(root / "ali", model.tid2pdf, model.tid_tables[0], alignments)
+            del alignments
+            frames = sum(len(ali) for ali in read_alignments(root / "ali").values())
+        lines.append(written.line("alignments", hours, alignments_mb=round(frames * 4 / 2**20, 1)))
+        with _Stage() as read:
+            read_frames, padding = _read_epoch(root, split)
+        lines.append(read.line("nnet_read", hours, frames_per_second=round(read_frames / max(read.wall, 1e-9)),
+                               padding=round(padding, 4)))
+    row = {"hours": round(hours, 2), "utterances": counts["utterances"], "speakers": counts["speakers"],
+           "shards": len(shards), "workers": workers, "gaussians": model.am.num_gauss,
+           "realign_seconds": round(realign.wall, 2), "accumulate_seconds": round(accumulate.wall, 2),
+           "seconds_per_hour": round((realign.wall + accumulate.wall) / hours, 3),
+           "driver_rss_mb": round(max(realign.driver, accumulate.driver), 1),
+           "alignments_mb": round(frames * 4 / 2**20, 1), "reduced_mb": reduced_mb,
+           "worker_rss_mb": round(accumulate.worker, 1), "worker_rss_after_mb": round(worker_now, 1),
+           "worker_cache_mb": round(worker_cache, 1), "cache_mb": config["dask"]["cache_mb"],
+           "read_alignments_seconds": round(written.wall, 2), "read_rss_mb": round(written.driver, 1),
+           "failed": len(totals.failed)}
+    return row, lines

@@ -201,7 +201,7 @@ def train_tri(config: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
     state = state or GmmState(None, "", log)
 
     def begin() -> Progress:
-        model, info = _tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
+        model, info = tree_model(config, cfg, shards, lang_dir, source, source_alignments, client, log, system)
         progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
         progress.extra["info"] = info
         return progress
@@ -239,7 +239,7 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
         projection = Projection(cfg["splice"], estimate_lda(stats, cfg["dim"]))
         log(f"lda: {stats.sums.shape[1]} spliced dims -> {cfg['dim']} from {int(stats.count.sum())} non-silence "
             f"frames of {int((stats.count > 0).sum())} pdfs")
-        model, info = _tree_model(config, cfg, make_shards(projection), lang_dir, source, source_alignments, client,
+        model, info = tree_model(config, cfg, make_shards(projection), lang_dir, source, source_alignments, client,
                                   log, "lda")
         progress = _start(model, cfg["gaussians"], cfg["max_iter_inc"], config["seed"] + 1)
         progress.extra.update(info=info, projection=projection, gains=[])
@@ -273,7 +273,7 @@ def train_lda(config: dict[str, Any], make_shards: Callable[[Projection | None],
     return _result(progress, start, cfg, info, extra["projection"])
 
 
-def _tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
+def tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard], lang_dir: str | Path,
                 source: GmmModel, source_alignments: Mapping[str, np.ndarray], client: Any,
                 log: Callable[[str], None], system: str) -> tuple[GmmModel, dict[str, Any]]:
     """A decision tree from the source system's alignments over the shards' features, and the model it starts
