@@ -201,6 +201,26 @@ def run_sharded(
 
     A progress bar (stderr) counts ``units`` (for example utterances per shard) as shards finish.
     """
+    results: list[Any] = [None] * len(shards)
+    for i, result in iter_sharded(client, fn, shards, *args, units=units, desc=desc, unit=unit, retries=retries,
+                                  **kwargs):
+        results[i] = result
+    return results
+
+
+def iter_sharded(
+    client: Any,
+    fn: Callable[..., R],
+    shards: Sequence[Any],
+    *args: Any,
+    units: Sequence[int] | None = None,
+    desc: str = "",
+    unit: str = "utt",
+    retries: int = 2,
+    **kwargs: Any,
+) -> Iterator[tuple[int, R]]:
+    """:func:`run_sharded`'s work, its results as ``(shard index, result)`` in the order the shards finish, each
+    released on the cluster once given: a caller that folds them in as they come holds only what it keeps."""
     from dask.distributed import as_completed
 
     units = list(units) if units is not None else [1] * len(shards)
@@ -213,14 +233,16 @@ def run_sharded(
         for i, s in enumerate(shards)
     ]
     index = {f.key: i for i, f in enumerate(futures)}
-    results: list[Any] = [None] * len(futures)
+    pending = as_completed(futures)
+    del futures
     with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
               disable=None if sys.stderr.isatty() else False) as bar:
-        for future in as_completed(futures):
+        for future in pending:
             i = index[future.key]
-            results[i] = future.result()
+            result = future.result()
+            future.release()
             bar.update(units[i])
-    return results
+            yield i, result
 
 
 def run_reduced(

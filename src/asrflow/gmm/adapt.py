@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from asrflow.cluster import broadcast, run_sharded
+from asrflow.cluster import broadcast, iter_sharded, run_sharded
 from asrflow.config.paths import Paths
 from asrflow.data.perturb import perturbed_split
 from asrflow.decode.decoder import DecodeOptions, decode_all, gmm_decodable, gmm_decode_options
@@ -73,14 +73,15 @@ def adapted(shard: Shard, transforms: dict[str, np.ndarray]) -> list[np.ndarray]
             for x, s in zip(features(shard), shard.speakers)]
 
 
-def speaker_stats(item: tuple[Shard, dict[str, Alignment] | None], model_blob: bytes, graph_path: str,
-                  transforms: dict[str, np.ndarray], opts: AdaptOptions) -> SpeakerStats:
-    """fMLLR statistics of a shard's speakers on their current adapted features (a Dask task).
+def speaker_stats(item: tuple[Shard, dict[str, Alignment] | None, dict[str, np.ndarray]], model_blob: bytes,
+                  graph_path: str, opts: AdaptOptions) -> SpeakerStats:
+    """fMLLR statistics of a shard's speakers on their current adapted features (a Dask task): the item is the
+    shard, its alignments and its speakers' current transforms.
 
     With alignments (training speakers) they give the frames' pdfs; without (test speakers),
     the shard is decoded with ``graph_path`` and each 1-best hypothesis force-aligned.
     """
-    shard, alignments = item
+    shard, alignments, transforms = item
     model = GmmModel.from_bytes(model_blob)
     feats = adapted(shard, transforms)
     hyps: dict[str, list[str]] = {}
@@ -116,31 +117,64 @@ def speaker_stats(item: tuple[Shard, dict[str, Alignment] | None], model_blob: b
     return SpeakerStats(stats, hyps, failed)
 
 
-def update_transforms(results: list[SpeakerStats], transforms: dict[str, np.ndarray], cfg: dict[str, Any],
-                      identity: dict[str, str]) -> dict[str, float]:
-    """Estimate each speaker's transform on top of its current one (``transforms``, updated in
-    place); speakers with too few frames go into ``identity`` with the reason. Returns each
-    adapted speaker's objective gain per frame."""
-    totals: dict[str, fmllr.FmllrStats] = {}
-    for r in results:
-        for spk, st in r.stats.items():
-            totals[spk] = totals[spk] + st if spk in totals else st
-    gains = {}
-    for spk, st in sorted(totals.items()):
-        try:
-            w = fmllr.estimate(st, iterations=cfg["iterations"], min_count=cfg["min_frames"])
-        except fmllr.FmllrError as err:
-            identity[spk] = str(err)
-            continue
-        gains[spk] = fmllr.objective(st, w) - fmllr.objective(st, fmllr.identity(w.shape[0]))
-        transforms[spk] = fmllr.compose(w, transforms[spk]) if spk in transforms else w
-    return gains
+def shard_transforms(shard: Shard, transforms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The transforms of a shard's speakers (what its task is given, not every speaker's)."""
+    return {spk: transforms[spk] for spk in sorted(set(shard.speakers)) if spk in transforms}
 
 
-def write_adapted(item: tuple[Shard, str], transforms: dict[str, np.ndarray]) -> tuple[list[str], list[int], int]:
-    """Write a shard's adapted features to its own archive (a Dask task: the matrices never reach the driver);
-    its scp lines, frame counts and feature dimension."""
-    shard, ark = item
+def estimate_speaker(spk: str, stats: fmllr.FmllrStats, transforms: dict[str, np.ndarray], cfg: dict[str, Any],
+                     identity: dict[str, str]) -> float | None:
+    """Estimate ``spk``'s transform on top of its current one (``transforms``, updated in place) and return its
+    objective gain per frame; with too few frames, the speaker goes into ``identity`` with the reason."""
+    try:
+        w = fmllr.estimate(stats, iterations=cfg["iterations"], min_count=cfg["min_frames"])
+    except fmllr.FmllrError as err:
+        identity[spk] = str(err)
+        return None
+    transforms[spk] = fmllr.compose(w, transforms[spk]) if spk in transforms else w
+    return fmllr.objective(stats, w) - fmllr.objective(stats, fmllr.identity(w.shape[0]))
+
+
+def adapt_pass(client: Any, shards: list[Shard], alignments: Mapping[str, np.ndarray] | None, blob: Any,
+               graph_path: str, transforms: dict[str, np.ndarray], opts: AdaptOptions, cfg: dict[str, Any],
+               identity: dict[str, str], desc: str, retries: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
+    """One pass of fMLLR over ``shards``: every speaker's statistics on its current features, and its transform
+    (``transforms`` and ``identity`` updated as :func:`estimate_speaker` does); each speaker's gain per frame,
+    and the utterances without statistics.
+
+    A speaker is estimated as soon as every shard with its utterances has reported, from their statistics
+    summed in shard order (so the same whichever shard finishes first), and its statistics are then dropped:
+    the driver holds those of the speakers still open, a few shards' worth, not the split's.
+    """
+    items = [(s, None if alignments is None else shard_alignments(alignments, s.utts), shard_transforms(s, transforms))
+             for s in shards]
+    left = Counter(spk for s in shards for spk in set(s.speakers))
+    parts: dict[str, dict[int, fmllr.FmllrStats]] = defaultdict(dict)
+    gains: dict[str, float] = {}
+    failed: list[tuple[str, str]] = []
+    for i, result in iter_sharded(client, speaker_stats, items, blob, graph_path, opts,
+                                  units=[len(s.utts) for s in shards], desc=desc, retries=retries):
+        failed += result.failed
+        for spk, st in result.stats.items():
+            parts[spk][i] = st
+        for spk in set(shards[i].speakers):
+            left[spk] -= 1
+            if left[spk] == 0 and spk in parts:
+                own = parts.pop(spk)
+                total = own[min(own)]
+                for j in sorted(own)[1:]:
+                    total = total + own[j]
+                gain = estimate_speaker(spk, total, transforms, cfg, identity)
+                if gain is not None:
+                    gains[spk] = gain
+    return gains, sorted(failed)
+
+
+def write_adapted(item: tuple[Shard, str, dict[str, np.ndarray]]) -> tuple[list[str], list[int], int]:
+    """Write a shard's adapted features (the item: the shard, its archive, its speakers' transforms) to its own
+    archive (a Dask task: the matrices never reach the driver); its scp lines, frame counts and feature
+    dimension."""
+    shard, ark, transforms = item
     matrices = adapted(shard, transforms)
     lines = write_ark(ark, zip(shard.utts, matrices))
     return lines, [len(m) for m in matrices], matrices[0].shape[1] if matrices else 0
@@ -210,24 +244,20 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
     for split, alignments in splits.items():
         shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
                               **gmm_features(gmm_dir))
-        items = [(s, None if alignments is None else shard_alignments(alignments, s.utts))
-                 for s in shards]
         start_from = Path(init_dir) / split / "trans.txt" if init_dir is not None else None
         transforms = read_transforms(start_from) if start_from is not None and start_from.is_file() else {}
         identity: dict[str, str] = {}
         passes = 1 if alignments is not None else cfg["passes"]
         gains, failed = [], []
         for p in range(passes):
-            results = run_sharded(client, speaker_stats, items, blob, graph_path, transforms, opts,
-                                  units=[len(s.utts) for s in shards], desc=f"fmllr-{split}-pass{p + 1}",
-                                  retries=config["dask"]["retries"])
             identity.clear()
-            gain = update_transforms(results, transforms, cfg, identity)
+            gain, failed = adapt_pass(client, shards, alignments, blob, graph_path, transforms, opts, cfg, identity,
+                                      f"fmllr-{split}-pass{p + 1}", config["dask"]["retries"])
             gains.append(round(float(np.mean(list(gain.values()))), 4) if gain else 0.0)
-            failed = [f for r in results for f in r.failed]
         (out / split).mkdir(parents=True, exist_ok=True)
         arks = [str(out / split / f"feats.{i}.ark") for i in range(len(shards))]
-        written = run_sharded(client, write_adapted, list(zip(shards, arks)), transforms,
+        written = run_sharded(client, write_adapted,
+                              [(s, ark, shard_transforms(s, transforms)) for s, ark in zip(shards, arks)],
                               units=[len(s.utts) for s in shards], desc=f"fmllr-{split}-write",
                               retries=config["dask"]["retries"])
         utt2spk = {u: s for sh in shards for u, s in zip(sh.utts, sh.speakers)}

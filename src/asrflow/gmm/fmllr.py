@@ -50,12 +50,22 @@ def extend(feats: np.ndarray) -> np.ndarray:
 def gaussian_stats(feats: np.ndarray, post: np.ndarray, means: np.ndarray, invvars: np.ndarray) -> FmllrStats:
     """Statistics of frames ``feats`` (n, d) with posteriors ``post`` (n, M) over Gaussians ``means``,
     ``invvars`` (M, d)."""
-    xt = extend(feats)
     post = np.asarray(post, dtype=np.float64)
-    k = (post @ (invvars * means)).T @ xt
-    w = post @ invvars  # (n, d): Σ_m γ_m(t) / σ²_{m,i}
-    g = np.einsum("ti,tj,tk->ijk", w, xt, xt, optimize=True)
-    return FmllrStats(float(post.sum()), k, g)
+    return frame_stats(feats, post @ invvars, post @ (invvars * means), float(post.sum()))
+
+
+def frame_stats(feats: np.ndarray, w: np.ndarray, u: np.ndarray, beta: float, block: int = 2048) -> FmllrStats:
+    """Statistics of frames ``feats`` (n, d) from each frame's ``w`` = Σ_m γ_m σ_m⁻² and ``u`` = Σ_m γ_m σ_m⁻² μ_m
+    (both (n, d)) and the total occupancy ``beta``: ``K = uᵀ x̃``, ``G_i = Σ_t w_ti x̃_t x̃_tᵀ`` as one matrix
+    product per ``block`` frames (x̃ x̃ᵀ of a block at a time bounds the memory)."""
+    xt = extend(feats)
+    n, e = xt.shape
+    w = np.asarray(w, dtype=np.float64)
+    g = np.zeros((w.shape[1], e * e))
+    for i in range(0, n, block):
+        x = xt[i:i + block]
+        g += w[i:i + block].T @ (x[:, :, None] * x[:, None, :]).reshape(len(x), e * e)
+    return FmllrStats(beta, np.asarray(u, dtype=np.float64).T @ xt, g.reshape(-1, e, e))
 
 
 def accumulate(model: GmmModel, feats: list[np.ndarray], pdf_alignments: list[np.ndarray],
@@ -63,26 +73,29 @@ def accumulate(model: GmmModel, feats: list[np.ndarray], pdf_alignments: list[np
     """Statistics of one speaker's utterances under ``model``, frames assigned to pdfs by
     ``pdf_alignments`` (one pdf id per frame) and to Gaussians by their posteriors within the pdf
     (``gmm-est-fmllr`` given ``ali-to-post``), each frame weighted by ``weights`` if given
-    (``weight-silence-post``: silence frames count little)."""
+    (``weight-silence-post``: silence frames count little). The posteriors give each frame's
+    weights per dimension (pdf by pdf); the statistics are then summed over all frames at once."""
     dim = model.am.dim
-    stats = FmllrStats.zeros(dim)
     if not feats:
-        return stats
+        return FmllrStats.zeros(dim)
     x_all = np.concatenate(feats)
     pdfs = np.concatenate(pdf_alignments).astype(np.int64)
     if len(pdfs) != len(x_all):
         raise FmllrError(f"{len(pdfs)} aligned frames for {len(x_all)} feature frames")
     frame_weight = np.concatenate(weights).astype(np.float64) if weights is not None else np.ones(len(pdfs))
-    for pdf in np.unique(pdfs):
-        xp = x_all[pdfs == pdf]
+    w, u = np.zeros((len(pdfs), dim)), np.zeros((len(pdfs), dim))
+    order = np.argsort(pdfs, kind="stable")
+    bounds = np.searchsorted(pdfs[order], np.arange(model.am.num_pdfs + 1))
+    for pdf in np.flatnonzero(np.diff(bounds)):
+        rows = order[bounds[pdf]:bounds[pdf + 1]]
         gmm = model.am.get_pdf(int(pdf))
-        ll = np.asarray(gmm.log_likelihoods_matrix(xp.astype(np.float32)), dtype=np.float64)
+        ll = np.asarray(gmm.log_likelihoods_matrix(x_all[rows].astype(np.float32)), dtype=np.float64)
         post = np.exp(ll - ll.max(1, keepdims=True))
-        post *= (frame_weight[pdfs == pdf] / post.sum(1))[:, None]
+        post *= (frame_weight[rows] / post.sum(1))[:, None]
         invvars = np.asarray(gmm.inv_vars, dtype=np.float64)
-        means = np.asarray(gmm.means_invvars, dtype=np.float64) / invvars
-        stats = stats + gaussian_stats(xp, post, means, invvars)
-    return stats
+        w[rows] = post @ invvars
+        u[rows] = post @ np.asarray(gmm.means_invvars, dtype=np.float64)  # invvars · means
+    return frame_stats(x_all, w, u, float(frame_weight.sum()))
 
 
 def objective(stats: FmllrStats, w: np.ndarray) -> float:

@@ -38,7 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asrflow.cluster import broadcast, dask_client, peak_memory, run_reduced, run_sharded
+from asrflow.cluster import broadcast, dask_client, peak_memory, run_reduced
 from asrflow.data.datadir import read_table
 from asrflow.features.ark import read_scp
 from asrflow.gmm.alignments import StoredAlignments, read_alignments, shard_alignments, write_alignments
@@ -208,7 +208,7 @@ def _one_size(config: dict[str, Any], data_dir: Path, feats_dir: Path, lang_dir:
               split: str, target: float, workers: int) -> tuple[dict[str, Any], list[dict]]:
     """The benchmark at one size (run in a process of its own): its row and its stage lines."""
     from asrflow.decode.decoder import gmm_decode_options
-    from asrflow.gmm.adapt import AdaptOptions, speaker_stats, update_transforms
+    from asrflow.gmm.adapt import AdaptOptions, adapt_pass
     from asrflow.gmm.train import tree_model
 
     model = GmmModel.load(model_dir)
@@ -246,13 +246,10 @@ def _one_size(config: dict[str, Any], data_dir: Path, feats_dir: Path, lang_dir:
                                       "tri")
             lines.append(tree.line("tree", hours, workers=workers, leaves=info["leaves"]))
             adapt = AdaptOptions(gmm_decode_options(config["decode"]), opts, config["fmllr"]["silence_weight"])
+            transforms: dict = {}
             with _Stage(client) as fmllr:
-                results = run_sharded(client, speaker_stats, [(s, shard_alignments(alignments, s.utts))
-                                                              for s in shards],
-                                      blob, "", {}, adapt, units=units, desc=f"fmllr-{target}h")
-                transforms: dict = {}
-                update_transforms(results, transforms, config["fmllr"], {})
-                del results
+                adapt_pass(client, shards, alignments, blob, "", transforms, adapt, config["fmllr"], {},
+                           f"fmllr-{target}h", config["dask"]["retries"])
             lines.append(fmllr.line("fmllr", hours, workers=workers, speakers=counts["speakers"],
                                     adapted=len(transforms)))
             worker_now, worker_cache = (max(v) for v in zip(*client.run(_worker_memory).values()))
