@@ -432,8 +432,8 @@ def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:
 
 def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_total(yesno, dask_client_1,
                                                                                     tmp_path) -> None:
-    """bench scale: the split copied under new ids up to each size (same features), one realign and one
-    accumulate pass over it; the total the driver receives is the model's statistics, whatever the size."""
+    """bench scale: the split copied under new ids up to each size (same features), each stage over it with its
+    driver in a process of its own; the total the driver receives is the model's statistics, whatever the size."""
     from asrflow.gmm.scale import replicate, scale_benchmark
 
     config, shards, lang = yesno
@@ -445,18 +445,22 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     assert all(copied[u] == original[u.split("-", 1)[1]] for u in copied)
     result, _ = _train(config, shards, lang, dask_client_1)
     result.model.save(tmp_path / "mono")
-    stages: list[dict] = []
-    rows = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05, 0.1], 1,
-                           log=QUIET, stages=stages)
-    assert [s["stage"] for s in stages] == ["realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read"] * 2
-    for line in stages:
+    lines = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05, 0.1], 1,
+                            log=QUIET)
+    names = ["realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read"]
+    assert [line["stage"] for line in lines] == names * 2
+    for line in lines:
         assert line["wall_s"] >= 0 and line["cpu_s"] >= 0 and line["peak_rss_driver_mb"] > 10, line
-    assert stages[0]["peak_rss_worker_mb"] > 10 and stages[5]["frames_per_second"] > 0
-    assert 0 < stages[3]["adapted"] <= stages[3]["speakers"] and stages[2]["leaves"] > 1
-    assert [r["hours"] >= h for r, h in zip(rows, (0.05, 0.1))] == [True, True]
-    assert rows[1]["utterances"] > rows[0]["utterances"] and not any(r["failed"] for r in rows)
-    assert rows[0]["reduced_mb"] == rows[1]["reduced_mb"]
-    assert rows[1]["hours"] > rows[0]["hours"] and rows[0]["read_alignments_seconds"] >= 0
+        assert (line["peak_rss_worker_mb"] is None) == (line["stage"] in ("alignments", "nnet_read")), line
+    small, large = lines[:6], lines[6:]
+    assert small[0]["hours"] >= 0.05 and large[0]["hours"] >= 0.1 and large[0]["utterances"] > small[0]["utterances"]
+    assert not small[0]["failed"] and not large[0]["failed"]
+    assert small[1]["reduced_mb"] == large[1]["reduced_mb"]  # the driver receives the model's statistics only
+    assert small[2]["leaves"] > 1 and 0 < large[3]["adapted"] <= large[3]["speakers"]
+    assert large[4]["alignments_mb"] > 0 and large[5]["frames_per_second"] > 0
+    with pytest.raises(ValueError, match="unknown stages"):
+        scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
+                        log=QUIET, stages=["decode"])
 
 
 def test_utterances_with_the_same_words_share_one_training_graph(yesno, dask_client_1) -> None:

@@ -58,16 +58,18 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scale(args: argparse.Namespace) -> int:
-    """GMM E-step time and memory on a training split replicated to each size; one JSON line per size."""
+    """The GMM stages' time and memory on a training split replicated to each size; one JSON line per stage and
+    size."""
     from asrflow.gmm.scale import scale_benchmark
 
     config = _load(args)
-    stages: list[dict] = []
-    rows = scale_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
-                           [float(h) for h in args.hours.split(",")], args.workers, log=_log, stages=stages)
-    if args.stages:
-        json_lines(stages, args.stages)
-    return json_lines(rows, args.out)
+    stages = args.stages.split(",") if args.stages else None
+    try:
+        lines = scale_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
+                                [float(h) for h in args.hours.split(",")], args.workers, log=_log, stages=stages)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return json_lines(lines, args.out)
 
 
 def cmd_bench_nnet(args: argparse.Namespace) -> int:
@@ -143,15 +145,16 @@ def register(sub: Any) -> Any:
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_decode)
 
-    p = with_config(bench.add_parser("scale", help="GMM E-step time and memory as the training split grows"))
+    p = with_config(bench.add_parser("scale", help="the GMM stages' time and memory as the training split grows"))
     for name in ("data", "features", "lang", "model"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--train", default="train", help="the split to replicate")
     p.add_argument("--hours", default="3,10,30", help="comma-separated sizes in hours of audio")
     p.add_argument("--workers", type=int, default=2, help="Dask worker processes")
-    p.add_argument("--stages", default=None, help="append one JSON line per stage and size to this file "
-                   "(stage, hours, wall_s, cpu_s, peak_rss_driver_mb, peak_rss_worker_mb)")
-    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.add_argument("--stages", default=None, help="comma-separated stages to run (default: all of "
+                   "realign,accumulate,tree,fmllr,alignments,nnet_read)")
+    p.add_argument("--out", default=None, help="append the JSON lines (one per stage and size: stage, hours, wall_s, "
+                   "cpu_s, peak_rss_driver_mb, peak_rss_worker_mb, ...) to this file")
     p.set_defaults(func=cmd_bench_scale)
 
     p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"),
