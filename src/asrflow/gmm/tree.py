@@ -91,8 +91,9 @@ def cluster_bottom_up(members: list[list[int]], stats_of: dict[int, tuple], thre
     """Greedy bottom-up clustering (Kaldi's ``ClusterBottomUp``): merge the pair of groups whose merge loses the
     least likelihood while that loss is below ``thresh``; ties to the first pair in list order.
 
-    The pairwise losses are kept in a matrix, and a merge recomputes only the merged group's row, so a root
-    with ``m`` leaves costs ``O(m²)`` Gaussian evaluations instead of ``O(m³)``.
+    The pairwise losses are kept in a matrix (filled a row at a time), and a merge recomputes only the merged
+    group's row, so a root with ``m`` leaves costs ``O(m²)`` Gaussian evaluations instead of ``O(m³)``, in
+    ``O(m²)`` memory.
     """
     m = len(members)
     if m < 2:
@@ -102,9 +103,10 @@ def cluster_bottom_up(members: list[list[int]], stats_of: dict[int, tuple], thre
     total = np.stack([p[1] for p in pooled]).astype(np.float64)
     sumsq = np.stack([p[2] for p in pooled]).astype(np.float64)
     own = objf(count, total, sumsq, var_floor)
-    loss = own[:, None] + own[None, :] - objf(count[:, None] + count[None, :], total[:, None] + total[None, :],
-                                             sumsq[:, None] + sumsq[None, :], var_floor)
-    loss[np.tril_indices(m)] = np.inf
+    loss = np.full((m, m), np.inf)
+    for i in range(m - 1):  # row by row: O(m·D) memory at a time, not the (m, m, D) of every pair at once
+        loss[i, i + 1:] = own[i] + own[i + 1:] - objf(count[i] + count[i + 1:], total[i] + total[i + 1:],
+                                                     sumsq[i] + sumsq[i + 1:], var_floor)
     groups = [list(g) for g in members]
     alive = np.ones(m, dtype=bool)
     while alive.sum() > 1:
