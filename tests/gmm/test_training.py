@@ -458,6 +458,9 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     assert small[1]["reduced_mb"] == large[1]["reduced_mb"]  # the driver receives the model's statistics only
     assert small[2]["leaves"] > 1 and 0 < large[3]["adapted"] <= large[3]["speakers"]
     assert large[4]["alignments_mb"] > 0 and large[5]["frames_per_second"] > 0
+    only = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
+                           log=QUIET, stages=["tree"])
+    assert [line["stage"] for line in only] == ["realign", "tree"]  # the tree reads realign's alignments
     with pytest.raises(ValueError, match="unknown stages"):
         scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
                         log=QUIET, stages=["decode"])

@@ -203,6 +203,10 @@ STAGES: dict[str, tuple[Callable[[Size, Any], dict[str, Any]], bool]] = {
     "alignments": (_alignments, False), "nnet_read": (_nnet_read, False)}
 
 
+#: The stages that read the realign stage's alignments (it runs first when they are asked for).
+NEED_ALIGNMENTS = {"accumulate", "tree", "fmllr", "alignments"}
+
+
 def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
     """Stage ``name`` in this (fresh) process, its driver, on the cluster at ``address``: its JSON line."""
     from dask.distributed import Client
@@ -246,12 +250,15 @@ def _one_size(config: dict[str, Any], data_dir: Path, feats_dir: Path, lang_dir:
 def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path,
                     model_dir: str | Path, split: str, hours: list[float], workers: int, log=print,
                     stages: list[str] | None = None) -> list[dict]:
-    """The stages (:data:`STAGES`, or those named) of the system in ``model_dir`` over ``split`` replicated to each
-    of ``hours``, on a fresh local cluster of ``workers`` processes per size: one line per stage and size."""
-    names = list(STAGES) if stages is None else stages
-    unknown = [n for n in names if n not in STAGES]
+    """The stages (:data:`STAGES`, or those named, in their order; ``realign`` too when one of them reads its
+    alignments) of the system in ``model_dir`` over ``split`` replicated to each of ``hours``, on a fresh local
+    cluster of ``workers`` processes per size: one line per stage and size."""
+    names = list(STAGES) if stages is None else [n for n in STAGES if n in stages]
+    unknown = [n for n in (stages or []) if n not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {', '.join(unknown)}: {', '.join(STAGES)}")
+    if set(names) & NEED_ALIGNMENTS and "realign" not in names:  # their alignments come from realign
+        names.insert(0, "realign")
     lines: list[dict] = []
     for target in hours:
         lines += _one_size(config, Path(data_dir), Path(feats_dir), Path(lang_dir), Path(model_dir), split, target,
