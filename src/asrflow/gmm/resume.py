@@ -14,11 +14,13 @@ job does not take it with its output; it is removed once the system is written o
 
 ``identity`` says what the state belongs to (the system's settings, the seed and the training
 shards); a state of anything else is set aside and training starts afresh. Without a folder the
-state lives in a temporary folder of this machine (local workers only) until :meth:`GmmState.finish`.
+state lives in a temporary folder of this machine (local workers only) until :meth:`GmmState.finish`
+or the end of the process.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import shutil
@@ -56,6 +58,8 @@ class GmmState:
     def __init__(self, folder: str | Path | None, identity: str, log=print) -> None:
         self.temporary = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="asrflow-gmm-")) if folder is None else Path(folder)
+        if self.temporary:  # removed by finish(), or when the process ends at the latest
+            atexit.register(shutil.rmtree, self.folder, True)
         self.identity = identity
         self.log = log
 
