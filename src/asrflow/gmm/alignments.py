@@ -20,13 +20,14 @@ next tasks get those references (:func:`shard_alignments`) and read the vectors 
 
 from __future__ import annotations
 
-import os
-import uuid
+import io
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import kaldiio
 import numpy as np
+
+from asrflow.features.ark import read_scp, write_ark
 
 #: The archives of an alignment folder.
 KINDS = ("transition_ids", "pdfs", "phones")
@@ -76,16 +77,15 @@ def write_archive(path: str | Path, alignments: Mapping[str, np.ndarray]) -> dic
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    refs: dict[str, str] = {}
-    with open(tmp, "wb") as f:
-        for utt in sorted(alignments):
-            f.write(f"{utt} ".encode())
-            offset = f.tell()
-            kaldiio.save_mat(f, np.asarray(alignments[utt], dtype=np.int32))
-            refs[utt] = f"{path}:{offset}"
-    os.replace(tmp, path)
-    return refs
+    lines = write_ark(path, ((utt, vector_bytes(alignments[utt])) for utt in sorted(alignments)))
+    return dict(line.split(" ", 1) for line in lines)
+
+
+def vector_bytes(vector: np.ndarray) -> bytes:
+    """Kaldi's binary encoding of an int32 vector (as ``copy-int-vector`` writes it; through kaldiio)."""
+    buffer = io.BytesIO()
+    kaldiio.save_mat(buffer, np.asarray(vector, dtype=np.int32))
+    return buffer.getvalue()
 
 
 def write_alignments(folder: str | Path, tid2pdf: np.ndarray, tid2phone: np.ndarray,
@@ -119,10 +119,4 @@ def read_alignments(folder: str | Path, kind: str = "transition_ids") -> StoredA
     index = alignment_index(folder, kind)
     if not index.is_file():
         raise FileNotFoundError(f"no {kind} alignments in {folder} ({index.name} is missing)")
-    refs = {}
-    with open(index, encoding="utf-8") as f:
-        for line in f:
-            utt, _, ref = line.rstrip("\n").partition(" ")
-            if utt:
-                refs[utt] = ref
-    return StoredAlignments(refs)
+    return StoredAlignments(read_scp(index))

@@ -86,13 +86,6 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory so far (MB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _cache_mb() -> float:
     """What a worker's caches hold now (MB)."""
     from asrflow.gmm import estep
@@ -219,11 +212,11 @@ def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
         extra = fn(size, client if uses_workers else None)
         wall = time.perf_counter() - start
         cpu = _cpu_seconds() - cpu + (sum(client.run(_cpu_seconds).values()) - workers_cpu if uses_workers else 0)
-        worker = None
+        peaks = peak_memory(client)  # this process's, and the largest worker's
         if uses_workers:
-            worker = peak_memory(client)["peak_rss_worker_mb"]
             extra["worker_cache_mb"] = round(max(client.run(_cache_mb).values()), 1)
-    return stage_line(name, size.hours, wall, cpu, _peak_rss_mb(), worker, **extra)
+    return stage_line(name, size.hours, wall, cpu, peaks["peak_rss_driver_mb"],
+                      peaks["peak_rss_worker_mb"] if uses_workers else None, **extra)
 
 
 def _one_size(config: dict[str, Any], data_dir: Path, feats_dir: Path, lang_dir: Path, model_dir: Path,
