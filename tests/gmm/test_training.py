@@ -433,8 +433,10 @@ def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:
 def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_total(yesno, dask_client_1,
                                                                                     tmp_path) -> None:
     """bench scale: the split copied under new ids up to each size (same features), each stage over it with its
-    driver in a process of its own; the total the driver receives is the model's statistics, whatever the size."""
-    from asrflow.gmm.scale import replicate, scale_benchmark
+    driver in a process of its own; the total the driver receives is the model's statistics, whatever the size;
+    every size decodes, tunes and scores the same fixed test set through its own LM and graph."""
+    from asrflow.scale.gmm import replicate
+    from asrflow.scale.run import scale_benchmark
 
     config, shards, lang = yesno
     root = lang.parent
@@ -446,24 +448,72 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     result, _ = _train(config, shards, lang, dask_client_1)
     result.model.save(tmp_path / "mono")
     lines = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05, 0.1], 1,
-                            log=QUIET)
-    names = ["realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read"]
+                            log=QUIET, test_minutes=1.0, tune_utterances=3)
+    names = ["realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read", "lang", "lang_20k", "decode",
+             "score", "tune", "mlflow"]
     assert [line["stage"] for line in lines] == names * 2
     for line in lines:
         assert line["wall_s"] >= 0 and line["cpu_s"] >= 0 and line["peak_rss_driver_mb"] > 10, line
-        assert (line["peak_rss_worker_mb"] is None) == (line["stage"] in ("alignments", "nnet_read")), line
-    small, large = lines[:6], lines[6:]
-    assert small[0]["hours"] >= 0.05 and large[0]["hours"] >= 0.1 and large[0]["utterances"] > small[0]["utterances"]
-    assert not small[0]["failed"] and not large[0]["failed"]
-    assert small[1]["reduced_mb"] == large[1]["reduced_mb"]  # the driver receives the model's statistics only
-    assert small[2]["leaves"] > 1 and 0 < large[3]["adapted"] <= large[3]["speakers"]
-    assert large[4]["alignments_mb"] > 0 and large[5]["frames_per_second"] > 0
+        with_workers = line["stage"] in ("realign", "accumulate", "tree", "fmllr", "decode", "tune")
+        assert (line["peak_rss_worker_mb"] is not None) == with_workers, line
+    small, large = ({line["stage"]: line for line in lines[i:i + len(names)]} for i in (0, len(names)))
+    assert small["realign"]["hours"] >= 0.05 and large["realign"]["hours"] >= 0.1
+    assert large["realign"]["utterances"] > small["realign"]["utterances"]
+    assert not small["realign"]["failed"] and not large["realign"]["failed"]
+    assert small["accumulate"]["reduced_mb"] == large["accumulate"]["reduced_mb"]  # the model's statistics only
+    assert small["tree"]["leaves"] > 1 and 0 < large["fmllr"]["adapted"] <= large["fmllr"]["speakers"]
+    assert large["alignments"]["alignments_mb"] > 0 and large["nnet_read"]["frames_per_second"] > 0
+    assert large["lang_20k"]["words"] > large["lang"]["words"] == 2  # yes, no; and CMUdict words of their phones
+    assert large["lang_20k"]["graph_states"] > large["lang"]["graph_states"]
+    assert small["decode"]["test_utterances"] == large["decode"]["test_utterances"] > 0
+    assert 0 <= large["score"]["wer"] < 0.5 and large["tune"]["settings"] == 4
+    assert 0 < large["tune"]["tuned_utterances"] <= 3 and large["mlflow"]["artifacts"] > 3
     only = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
-                           log=QUIET, stages=["tree"])
-    assert [line["stage"] for line in only] == ["realign", "tree"]  # the tree reads realign's alignments
+                           log=QUIET, stages=["tree", "score"], test_minutes=1.0)
+    assert [line["stage"] for line in only] == ["realign", "tree", "lang", "decode", "score"]  # and what they need
     with pytest.raises(ValueError, match="unknown stages"):
         scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
-                        log=QUIET, stages=["decode"])
+                        log=QUIET, stages=["decoding"])
+    with pytest.raises(ValueError, match="audio cache"):
+        scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
+                        log=QUIET, stages=["import"])
+
+
+def test_the_scale_benchmark_makes_sizes_from_perturbed_audio_written_once(yesno, dask_client_1, tmp_path) -> None:
+    """bench scale with an audio cache: each size a Kaldi data dir of the split's audio and its speed and volume
+    perturbed copies (new utterances and speakers), imported and featurised by the stages' own code; the copies
+    are written once and reused by a larger size."""
+    import soundfile as sf
+
+    from asrflow.scale.corpus import copy_factors, sized_corpus
+    from asrflow.scale.run import scale_benchmark
+
+    config, shards, lang = yesno
+    root = lang.parent
+    source = read_table(root / "data" / "train" / "wav.scp")
+    first = sized_corpus(root / "data", "train", 0.08, tmp_path / "cache", tmp_path / "small", 8000, workers=1,
+                         log=QUIET)
+    assert first["copies"] >= 2 and first["audio_hours"] >= 0.08
+    wavs = read_table(tmp_path / "small" / "train" / "wav.scp")
+    assert all(wavs[f"c0-{u}"] == source[u] for u in source if f"c0-{u}" in wavs)  # copy 0: the audio itself
+    speed, volume = copy_factors(1, 0)
+    assert speed == 0.9 and 0.125 <= volume <= 2.0
+    utt = sorted(source)[0]
+    original, copy = sf.read(source[utt])[0], sf.read(wavs[f"c1-{utt}"])[0]
+    assert abs(len(copy) - len(original) / 0.9) <= 2  # played at 0.9: longer
+    assert read_table(tmp_path / "small" / "train" / "utt2spk")[f"c1-{utt}"].startswith("c1-")
+    written = {p: p.stat().st_mtime_ns for p in (tmp_path / "cache").rglob("*.wav")}
+    sized_corpus(root / "data", "train", 0.12, tmp_path / "cache", tmp_path / "large", 8000, workers=1, log=QUIET)
+    assert all(p.stat().st_mtime_ns == t for p, t in written.items())  # reused, not written again
+    assert len(list((tmp_path / "cache").rglob("*.wav"))) > len(written)
+    result, _ = _train(config, shards, lang, dask_client_1)
+    result.model.save(tmp_path / "mono")
+    lines = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.08], 1,
+                            log=QUIET, stages=["import", "realign"], audio_cache=tmp_path / "cache")
+    assert [line["stage"] for line in lines] == ["import", "features", "realign"]
+    imported, features, realign = lines
+    assert imported["imported"] == imported["utterances"] == first["utterances"] and not imported["rejected"]
+    assert features["frames"] > 0 and not features["failed"] and not realign["failed"]
 
 
 def test_utterances_with_the_same_words_share_one_training_graph(yesno, dask_client_1) -> None:

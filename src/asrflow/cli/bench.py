@@ -58,15 +58,16 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scale(args: argparse.Namespace) -> int:
-    """The GMM stages' time and memory on a training split replicated to each size; one JSON line per stage and
-    size."""
-    from asrflow.gmm.scale import scale_benchmark
+    """Every stage's time and memory on a training split grown to each size; one JSON line per stage and size."""
+    from asrflow.scale.run import scale_benchmark
 
     config = _load(args)
     stages = args.stages.split(",") if args.stages else None
     try:
         lines = scale_benchmark(config, args.data, args.features, args.lang, args.model, args.train,
-                                [float(h) for h in args.hours.split(",")], args.workers, log=_log, stages=stages)
+                                [float(h) for h in args.hours.split(",")], args.workers, log=_log, stages=stages,
+                                audio_cache=args.audio_cache, test=args.test, test_minutes=args.test_minutes,
+                                tune_utterances=args.tune_utterances)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return json_lines(lines, args.out)
@@ -145,14 +146,20 @@ def register(sub: Any) -> Any:
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_decode)
 
-    p = with_config(bench.add_parser("scale", help="the GMM stages' time and memory as the training split grows"))
+    p = with_config(bench.add_parser("scale", help="every stage's time and memory as the training split grows"))
     for name in ("data", "features", "lang", "model"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--train", default="train", help="the split to replicate")
     p.add_argument("--hours", default="3,10,30", help="comma-separated sizes in hours of audio")
     p.add_argument("--workers", type=int, default=2, help="Dask worker processes")
-    p.add_argument("--stages", default=None, help="comma-separated stages to run (default: all of "
-                   "realign,accumulate,tree,fmllr,alignments,nnet_read)")
+    p.add_argument("--stages", default=None, help="comma-separated stages to run, with those they need (default: "
+                   "all of import,features,realign,accumulate,tree,fmllr,alignments,nnet_read,lang,lang_20k,decode,"
+                   "score,tune,mlflow)")
+    p.add_argument("--audio-cache", default=None, help="where the sized corpora's perturbed audio is written once "
+                   "and reused (the import stage; without it, sizes replicate the split's stored features)")
+    p.add_argument("--test", default="test", help="the split of --data/--features every size decodes")
+    p.add_argument("--test-minutes", type=float, default=30.0, help="minutes of --test to decode")
+    p.add_argument("--tune-utterances", type=int, default=200, help="the tuning set's cap")
     p.add_argument("--out", default=None, help="append the JSON lines (one per stage and size: stage, hours, wall_s, "
                    "cpu_s, peak_rss_driver_mb, peak_rss_worker_mb, ...) to this file")
     p.set_defaults(func=cmd_bench_scale)

