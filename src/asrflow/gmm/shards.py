@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import zlib
+from collections.abc import Callable, Iterator
 from itertools import zip_longest
 from pathlib import Path
 
 import kaldiio
 
-from asrflow.cluster import shard
 from asrflow.data.datadir import read_table
 from asrflow.features import Projection
 from asrflow.features.ark import read_scp
@@ -17,39 +19,105 @@ from asrflow.lang.graph import read_symbols
 from asrflow.lang.lexicon import OOV_WORD
 
 
+class _Unsorted(Exception):
+    """A table whose keys are not in sorted order (Kaldi's data dirs are sorted; ours always are)."""
+
+
+def _rows(path: Path) -> Iterator[tuple[str, str]]:
+    """The ``key value`` rows of a Kaldi table, read a line at a time; :class:`_Unsorted` if out of order."""
+    last = ""
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            key, _, value = line.rstrip("\n").partition(" ")
+            if key:
+                if key <= last:
+                    raise _Unsorted(path)
+                last = key
+                yield key, value
+
+
+def _lookup(rows: Iterator[tuple[str, str]]) -> Callable[[str], str | None]:
+    """A lookup of increasing keys in sorted ``rows`` (a merge join): the value of a key, or None."""
+    current: list = [next(rows, None)]
+
+    def value(key: str) -> str | None:
+        while current[0] is not None and current[0][0] < key:
+            current[0] = next(rows, None)
+        return current[0][1] if current[0] is not None and current[0][0] == key else None
+
+    return value
+
+
+def _joined(data_dir: Path, feats_dir: Path, split: str,
+            merge: bool) -> Iterator[tuple[str, str, str | None, str | None]]:
+    """(utterance, transcript, speaker, feature location) of every utterance with a transcript, in sorted order:
+    with ``merge`` the sorted tables merged as they are read (no table held whole; :class:`_Unsorted` when one
+    is not sorted), else looked up in dicts."""
+    paths = (data_dir / split / "text", data_dir / split / "utt2spk", feats_dir / split / "feats.scp")
+    if merge:
+        spk_rows, feat_rows = _rows(paths[1]), _rows(paths[2])
+        speaker, feats = _lookup(spk_rows), _lookup(feat_rows)
+        yield from ((utt, text, speaker(utt), feats(utt)) for utt, text in _rows(paths[0]))
+        for _ in (*spk_rows, *feat_rows):  # read to the end: a table out of order anywhere is found
+            pass
+        return
+    text, utt2spk, scp = read_table(paths[0]), read_table(paths[1]), read_scp(paths[2])
+    yield from ((utt, text[utt], utt2spk.get(utt), scp.get(utt)) for utt in sorted(text))
+
+
 def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, split: str,
                  shard_utts: int, deltas: int = 2, only: set[str] | None = None,
                  cmvn: str = "speaker", projection: Projection | None = None) -> list[Shard]:
     """Shards of ``split`` (sorted utterances with features, those in ``only`` if given), transcripts as word ids
     (OOV → ``<unk>``); ``cmvn`` ``utterance``: features normalised per utterance, not per speaker;
-    ``projection``: spliced frames through it instead of Δ features (``deltas`` must then be 0)."""
+    ``projection``: spliced frames through it instead of Δ features (``deltas`` must then be 0).
+
+    The tables are read a line at a time and each shard packed as soon as it is full, so the driver never
+    holds a whole split's tables (see :class:`~asrflow.gmm.estep.Shard`)."""
     if projection is not None and deltas:
         raise ValueError("a projection replaces the deltas: give deltas=0 with it")
-    data_dir, feats_dir = Path(data_dir), Path(feats_dir)
-    text = read_table(data_dir / split / "text")
-    utt2spk = read_table(data_dir / split / "utt2spk")
-    scp = read_scp(feats_dir / split / "feats.scp")
+    try:
+        return _split(Path(data_dir), Path(feats_dir), lang_dir, split, shard_utts, deltas, only, cmvn, projection,
+                      merge=True)
+    except _Unsorted:  # a table written by hand, out of order: read them whole
+        return _split(Path(data_dir), Path(feats_dir), lang_dir, split, shard_utts, deltas, only, cmvn, projection,
+                      merge=False)
+
+
+def _split(data_dir: Path, feats_dir: Path, lang_dir: str | Path, split: str, shard_utts: int, deltas: int,
+           only: set[str] | None, cmvn: str, projection: Projection | None, merge: bool) -> list[Shard]:
+    """:func:`split_shards` with the tables merged as read (``merge``) or looked up in dicts."""
     stats = {spk: mat for spk, mat in kaldiio.load_scp(str(feats_dir / split / "cmvn.scp")).items()}
     words = read_symbols(Path(lang_dir) / "words.txt")
     oov = words[OOV_WORD]
-    utts = [u for u in sorted(text) if u in scp and (only is None or u in only)]
-    identity = zlib.crc32("".join(f"{u}{scp[u]}" for u in utts).encode())
-    out = []
-    for i, group in enumerate(shard(utts, shard_utts)):
-        speakers = tuple(utt2spk[u] for u in group)
+    identity = 0
+    out: list[Shard] = []
+    group: list[tuple[str, str, str, str]] = []
+
+    def pack() -> None:
+        speakers = tuple(sys.intern(spk) for _, _, spk, _ in group)  # one string per speaker, not per utterance
         out.append(Shard(
-            key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{shard_utts}/{cmvn}/{i}",  # each variant its own
-            utts=tuple(group),
-            feats=tuple(scp[u] for u in group),
-            speakers=speakers,
-            word_ids=tuple(tuple(words.get(w, oov) for w in text[u].split()) for u in group),
-            cmvn={} if cmvn == "utterance" else {s: stats[s] for s in set(speakers)},
-            lang_dir=str(lang_dir),
-            deltas=deltas,
-            per_utterance=cmvn == "utterance",
-            projection=projection,
-        ))
-    return out
+            key="", utts=tuple(utt for utt, _, _, _ in group), speakers=speakers,
+            payload=Shard.pack(tuple(f for _, _, _, f in group),
+                               tuple(tuple(words.get(w, oov) for w in text.split()) for _, text, _, _ in group),
+                               {} if cmvn == "utterance" else {s: stats[s] for s in set(speakers)}),
+            lang_dir=str(lang_dir), deltas=deltas, per_utterance=cmvn == "utterance", projection=projection))
+        group.clear()
+
+    for utt, text, spk, feats in _joined(data_dir, feats_dir, split, merge):
+        if feats is None or (only is not None and utt not in only):
+            continue
+        if spk is None:
+            raise ValueError(f"{data_dir / split / 'utt2spk'}: utterance {utt} has no speaker")
+        identity = zlib.crc32(f"{utt}{feats}".encode(), identity)
+        group.append((utt, text, spk, feats))
+        if len(group) == shard_utts:
+            pack()
+    if group:
+        pack()
+    # each variant (features, split, its utterances, deltas, shard size, CMVN) its own key
+    return [dataclasses.replace(s, key=f"{feats_dir}/{split}/{identity:08x}/{deltas}/{shard_utts}/{cmvn}/{i}")
+            for i, s in enumerate(out)]
 
 
 def subset_utterances(frames: dict[str, int], utt2spk: dict[str, str], count: int, by: str) -> set[str]:
