@@ -73,6 +73,16 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     return json_lines(lines, args.out)
 
 
+def cmd_bench_scale_plot(args: argparse.Namespace) -> int:
+    """Plot the scale benchmark's JSON lines: time per hour and peak memory against hours, per stage."""
+    from asrflow.report.plots import scale_plot
+
+    lines = [json.loads(line) for line in Path(args.lines).read_text().splitlines() if line.strip()]
+    scale_plot(lines, args.out)
+    _log(f"{args.out}: {len(lines)} lines")
+    return 0
+
+
 def cmd_bench_nnet(args: argparse.Namespace) -> int:
     """Benchmark networks' training throughput; print the table."""
     import torch
@@ -163,6 +173,11 @@ def register(sub: Any) -> Any:
     p.add_argument("--out", default=None, help="append the JSON lines (one per stage and size: stage, hours, wall_s, "
                    "cpu_s, peak_rss_driver_mb, peak_rss_worker_mb, ...) to this file")
     p.set_defaults(func=cmd_bench_scale)
+
+    p = bench.add_parser("scale-plot", help="plot bench scale's lines: time per hour and peak memory against hours")
+    p.add_argument("lines", help="the JSON lines of bench scale (--out)")
+    p.add_argument("out", help="the figure to write (PNG)")
+    p.set_defaults(func=cmd_bench_scale_plot)
 
     p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"),
                     required=False)

@@ -54,3 +54,28 @@ def training_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], pa
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def scale_plot(lines: list[dict], path: str | Path) -> None:
+    """The scale benchmark's lines (``asrflow bench scale``): seconds per hour of audio, and the peak memory of
+    the driver and of the largest worker, against hours, one line per stage (the latest line of each stage and
+    size)."""
+    plt = _pyplot()
+    latest = {(line["stage"], line["hours"]): line for line in lines}
+    stages = sorted({stage for stage, _ in latest}, key=lambda s: [line["stage"] for line in lines].index(s))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharex=True)
+    panels = (("wall_s_per_hour", "seconds per hour of audio"), ("peak_rss_driver_mb", "driver peak (MB)"),
+              ("peak_rss_worker_mb", "largest worker peak (MB)"))
+    for ax, (key, label) in zip(axes, panels):
+        for i, stage in enumerate(stages):
+            points = sorted((h, line[key]) for (s, h), line in latest.items() if s == stage and line[key] is not None)
+            if points:
+                ax.plot(*zip(*points), marker="o", linestyle="-" if i < 10 else "--", label=stage)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("hours of audio")
+        ax.set_title(label)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
