@@ -67,10 +67,20 @@ class Size:
 
     def stage_config(self, **sections: dict[str, Any]) -> dict[str, Any]:
         """The experiment's config with the sized corpus as a ``kaldi_dir`` corpus (no speed-perturbed split, no
-        extra training corpora) and ``sections``' keys laid over their sections."""
+        extra training corpora; the recipe's own lexicon as a file) and ``sections``' keys laid over their
+        sections."""
         config = copy.deepcopy(self.config)
+        if config["lang"]["lexicon"] == "corpus":  # the recipe's own lexicon, now read as a file
+            config["lang"].update(lexicon="file", lexicon_file=str(_recipe_lexicon(config)))
         config["corpus"].update(name="kaldi_dir", path=str(self.root / "corpus"), extra_training=[])
         config["audio"]["speed_perturb"] = [1.0]
         for name, keys in sections.items():
             config[name].update(keys)
         return config
+
+
+def _recipe_lexicon(config: dict[str, Any]) -> Path:
+    """The lexicon file of the experiment's corpus recipe (``lang.lexicon: corpus``)."""
+    from asrflow.corpus import recipe_from_config
+
+    return Path(recipe_from_config(config["corpus"]).lexicon)
