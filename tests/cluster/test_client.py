@@ -148,3 +148,22 @@ def test_peak_memory_reports_the_driver_and_the_largest_worker(dask_client_1) ->
 
     fallback = peak_memory(Unreachable())  # never a reason to fail a stage
     assert fallback["peak_rss_worker_mb"] == fallback["peak_rss_driver_mb"]
+
+
+def _child_peak() -> float:
+    from asrflow.cluster.client import _peak_rss_mb
+
+    return _peak_rss_mb()
+
+
+def test_a_stage_started_by_a_large_process_reports_its_own_peak_not_its_parents() -> None:
+    """Linux keeps ru_maxrss across fork and exec: a stage's driver started by Snakemake or by a benchmark
+    holding a scheduler would report at least its parent's size."""
+    import multiprocessing
+
+    import numpy as np
+
+    ballast = np.ones(300 * 2**20 // 8)  # 300 MB resident in this process
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        child = pool.apply(_child_peak)
+    assert ballast.sum() > 0 and child < 200

@@ -89,7 +89,20 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
 
 
 def _peak_rss_mb() -> float:
-    """This process's peak resident memory so far (MB)."""
+    """This process's own peak resident memory so far (MB): Linux's ``VmHWM``.
+
+    Not ``ru_maxrss``: Linux keeps it across ``fork`` and ``exec``, so a stage started by a large
+    process (Snakemake, a benchmark's driver holding a Dask scheduler, a nanny) reports at least that
+    process's size (a 15 MB child of a 300 MB parent reports 314 MB). ``ru_maxrss`` only where
+    ``/proc`` is missing.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
