@@ -1,5 +1,6 @@
 """Alignment archives: per-shard archives written by tasks, read back by reference or through Kaldi's scp."""
 
+import pickle
 from pathlib import Path
 
 import kaldiio
@@ -28,12 +29,18 @@ def test_a_shard_archive_is_read_back_by_its_references(tmp_path: Path) -> None:
     stored = StoredAlignments(refs)
     assert len(stored) == 2 and "u1" in stored and "u3" not in stored
     np.testing.assert_array_equal(stored["u2"], [5, 6, 7])
+    assert stored.refs == refs and stored.ref("u1") == refs["u1"]  # one integer each, the same references
+    more = write_archive(tmp_path / "ali.2" / "shard.ark", {"u3": np.arange(2)})
+    stored.update(more)
+    stored.update({"u1": more["u3"]})  # a newer alignment replaces the older
+    assert stored.refs == {"u1": more["u3"], "u2": refs["u2"], "u3": more["u3"]}
 
 
 def test_tasks_get_references_of_stored_alignments_and_vectors_of_others(tmp_path: Path) -> None:
     refs = write_archive(tmp_path / "a.ark", {"u1": np.arange(3), "u2": np.arange(4)})
     given = shard_alignments(StoredAlignments(refs), ["u2", "u9"])
-    assert given == {"u2": refs["u2"]}  # a reference (a short string), not the vector
+    assert list(given) == ["u2"] and given.refs == {"u2": refs["u2"]}  # references, not vectors
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(given))["u2"], np.arange(4))  # read by the task
     plain = {"u1": np.arange(3)}
     assert shard_alignments(plain, ["u1", "u2"]).keys() == {"u1"}
     np.testing.assert_array_equal(load_alignment(shard_alignments(plain, ["u1"])["u1"]), np.arange(3))

@@ -21,6 +21,7 @@ next tasks get those references (:func:`shard_alignments`) and read the vectors 
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -43,30 +44,74 @@ def load_alignment(value: Alignment) -> np.ndarray:
 
 
 class StoredAlignments(Mapping):
-    """Alignments stored in archives: utterance → vector, each read when it is looked up; ``refs`` holds where
-    each one is (utterance → ``<archive>:<offset>``), all a task needs to be given."""
+    """Alignments stored in archives: utterance → vector, each read when it is looked up.
 
-    def __init__(self, refs: Mapping[str, str] | None = None) -> None:
-        self.refs: dict[str, str] = dict(refs or {})
+    Where each one is takes one integer an utterance (the archive's number and the offset in it; the
+    archives' paths are kept once), not an ``<archive>:<offset>`` string: about 100 bytes an utterance on
+    a driver, a quarter of the strings'. :meth:`ref` gives the reference, :attr:`refs` all of them.
+    """
+
+    _BITS = 40  # offsets below 1 TB
+
+    def __init__(self, refs: Mapping[str, str] | StoredAlignments | None = None) -> None:
+        self._archives: list[str] = []
+        self._number: dict[str, int] = {}
+        self._where: dict[str, int] = {}
+        if refs:
+            self.update(refs)
+
+    def update(self, refs: Mapping[str, str] | StoredAlignments) -> None:
+        """Add (or replace) references: ``utterance → <archive>:<offset>``, or another store's."""
+        pairs = ((u, refs.ref(u)) for u in refs) if isinstance(refs, StoredAlignments) else refs.items()
+        for utt, ref in pairs:
+            archive, _, offset = ref.rpartition(":")
+            number = self._number.get(archive)
+            if number is None:
+                number = self._number[archive] = len(self._archives)
+                self._archives.append(archive)
+            self._where[sys.intern(utt)] = number << self._BITS | int(offset)
+
+    def ref(self, utt: str) -> str:
+        """Where ``utt``'s vector is: ``<archive>:<offset>``, a Kaldi rxfilename."""
+        where = self._where[utt]
+        return f"{self._archives[where >> self._BITS]}:{where & ((1 << self._BITS) - 1)}"
+
+    @property
+    def refs(self) -> dict[str, str]:
+        """Every utterance's reference (a new dict)."""
+        return {utt: self.ref(utt) for utt in self._where}
+
+    def subset(self, utts: Iterable[str]) -> StoredAlignments:
+        """The references of those of ``utts`` that have one (what a task is given)."""
+        out = StoredAlignments()
+        out.update({u: self.ref(u) for u in utts if u in self._where})
+        return out
 
     def __getitem__(self, utt: str) -> np.ndarray:
-        return load_alignment(self.refs[utt])
+        return load_alignment(self.ref(utt))
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.refs)
+        return iter(self._where)
 
     def __len__(self) -> int:
-        return len(self.refs)
+        return len(self._where)
 
     def __contains__(self, utt: object) -> bool:
-        return utt in self.refs
+        return utt in self._where
 
 
-def shard_alignments(alignments: Mapping[str, np.ndarray], utts: Iterable[str]) -> dict[str, Alignment]:
-    """What a task is given of the alignments of ``utts`` (those that have one): references when ``alignments``
-    is stored (:class:`StoredAlignments`; the task reads them), else the vectors."""
-    source = alignments.refs if isinstance(alignments, StoredAlignments) else alignments
-    return {u: source[u] for u in utts if u in source}
+def references(alignments: Mapping[str, Alignment]) -> dict[str, Alignment]:
+    """What a mapping of alignments holds, without reading any: a store's references, else the mapping's own
+    values (vectors or references)."""
+    return alignments.refs if isinstance(alignments, StoredAlignments) else dict(alignments)
+
+
+def shard_alignments(alignments: Mapping[str, np.ndarray], utts: Iterable[str]) -> Mapping[str, Alignment]:
+    """What a task is given of the alignments of ``utts`` (those that have one): a store of references when
+    ``alignments`` is stored (:class:`StoredAlignments`; the task reads them), else the vectors."""
+    if isinstance(alignments, StoredAlignments):
+        return alignments.subset(utts)
+    return {u: alignments[u] for u in utts if u in alignments}
 
 
 def write_archive(path: str | Path, alignments: Mapping[str, np.ndarray]) -> dict[str, str]:

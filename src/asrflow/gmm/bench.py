@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.cluster import broadcast, dask_client, run_sharded
+from asrflow.gmm.alignments import references
 from asrflow.gmm.estep import AlignOptions, features
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
@@ -37,7 +38,7 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
             blob = broadcast(client, model.to_bytes())
             items = [(s, None) for s in shards]
             warm = run_sharded(client, estep_task, items, blob, "realign", opts, desc="warm-up")
-            alignments = {u: a for r in warm for u, a in r.alignments.items()}
+            alignments = {u: a for r in warm for u, a in references(r.alignments).items()}
             frames = sum(r.frames for r in warm)
             timings: dict[str, float] = {}
             for mode in ("realign", "accumulate"):

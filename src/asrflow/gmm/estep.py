@@ -26,7 +26,7 @@ import numpy as np
 
 from asrflow.cluster.cache import Cache
 from asrflow.features import Projection, add_deltas, apply_cmvn, load
-from asrflow.gmm.alignments import Alignment, load_alignment, write_archive
+from asrflow.gmm.alignments import Alignment, StoredAlignments, load_alignment, write_archive
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
@@ -266,7 +266,7 @@ def estep(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment] | No
     occ, sx, sx2, trans, like, frames = accumulate(model, kept_feats, kept_ali)
     aligned = sum(len(a) for a in new.values())
     if mode != "accumulate" and write_to is not None:
-        new = write_archive(f"{write_to}/{archive_name(shard)}", new)
+        new = StoredAlignments(write_archive(f"{write_to}/{archive_name(shard)}", new))
     return EStepResult(occ, sx, sx2, trans, like, frames, None if mode == "accumulate" else new, failed,
                        retried, align_like, time.perf_counter() - start, aligned)
 

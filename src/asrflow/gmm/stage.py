@@ -169,7 +169,7 @@ def _align_more(config: dict[str, Any], system: str, result: TrainResult, shards
     alignments, failed, _ = align_shards(client, shards, result.model,
                                          AlignOptions(beam=cfg["beam"], retry_beam=cfg["retry_beam"]),
                                          config["dask"]["retries"], f"align-{split}", state.archives("ali.more"))
-    result.alignments.refs.update(alignments)
+    result.alignments.update(alignments)
     result.failed = {u: r for u, r in {**result.failed, **failed}.items() if u not in alignments}
     result.seconds += time.perf_counter() - start
 

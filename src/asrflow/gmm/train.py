@@ -20,7 +20,7 @@ import numpy as np
 
 from asrflow.cluster import broadcast, run_reduced, run_sharded
 from asrflow.features import Projection, splice
-from asrflow.gmm.alignments import Alignment, StoredAlignments, load_alignment, shard_alignments
+from asrflow.gmm.alignments import Alignment, StoredAlignments, load_alignment, references, shard_alignments
 from asrflow.gmm.estep import AlignOptions, Shard, estep, features, moments, tree_stats
 from asrflow.gmm.lda import (
     LdaStats,
@@ -80,7 +80,7 @@ def _run_iterations(client: Any, shards: list[Shard], progress: Progress, cfg: d
                              combine=merge_results, units=[len(s.utts) for s in shards], desc=f"iter{it}-{mode}",
                              retries=retries)
         if mode == "realign":
-            alignments.update(totals.alignments or {})
+            alignments.update(references(totals.alignments or {}))
             for utt, reason in totals.failed:
                 alignments.pop(utt, None)
                 progress.failed[utt] = reason
@@ -166,7 +166,7 @@ def _equal_pass(config: dict[str, Any], shards: list[Shard], lang_dir: str | Pat
     totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "equal", AlignOptions(),
                          str(state.archives("ali.0")), combine=merge_results, units=[len(s.utts) for s in shards],
                          desc="iter0-equal", retries=retries)
-    progress.alignments.update(totals.alignments or {})
+    progress.alignments.update(references(totals.alignments or {}))
     progress.failed.update(totals.failed)
     m_step(model, totals, min_gaussian_occupancy=3.0)
     on_metrics(0, {"loglike_per_frame": totals.like / max(totals.frames, 1), "frames": totals.frames,
@@ -183,7 +183,7 @@ def align_shards(client: Any, shards: list[Shard], model: GmmModel, opts: AlignO
     blob = broadcast(client, model.to_bytes())
     results = run_sharded(client, estep_task, [(s, None) for s in shards], blob, "align", opts, str(folder),
                           units=[len(s.utts) for s in shards], desc=desc, retries=retries)
-    alignments = {u: a for r in results for u, a in r.alignments.items()}
+    alignments = {u: a for r in results for u, a in references(r.alignments).items()}
     failed = {u: reason for r in results for u, reason in r.failed}
     return alignments, failed, results
 
