@@ -95,9 +95,10 @@ def _split(data_dir: Path, feats_dir: Path, lang_dir: str | Path, split: str, sh
     group: list[tuple[str, str, str, str]] = []
 
     def pack() -> None:
-        speakers = tuple(sys.intern(spk) for _, _, spk, _ in group)  # one string per speaker, not per utterance
+        speakers = tuple(sys.intern(spk) for _, _, spk, _ in group)  # one string per speaker, not per utterance;
+        # ids interned: the alignment store (asrflow.gmm.alignments) shares them
         out.append(Shard(
-            key="", utts=tuple(utt for utt, _, _, _ in group), speakers=speakers,
+            key="", utts=tuple(sys.intern(utt) for utt, _, _, _ in group), speakers=speakers,
             payload=Shard.pack(tuple(f for _, _, _, f in group),
                                tuple(tuple(words.get(w, oov) for w in text.split()) for _, text, _, _ in group),
                                {} if cmvn == "utterance" else {s: stats[s] for s in set(speakers)}),
