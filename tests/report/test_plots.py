@@ -15,3 +15,14 @@ def test_the_scale_plot_draws_every_stage_from_the_latest_line_of_each_size(tmp_
     scale_plot(lines, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert lines[0]["wall_s_per_hour"] == 10.0 and lines[1]["peak_rss_worker_mb"] is None
+
+
+def test_the_scale_table_shows_each_size_and_the_ratio_of_the_largest_to_the_base() -> None:
+    from asrflow.scale.run import scale_table
+
+    lines = [stage_line("realign", h, 2.0 * h * (1.5 if h == 100 else 1), 1.0, 100 + h, 500.0, utterances=1)
+             for h in (10.0, 100.0)] + [stage_line("lang", 10.0, 1.0, 1.0, 200.0, None)]
+    table = scale_table(lines).splitlines()
+    assert table[0].startswith("| stage | s per hour at 10 / 100 h | 100 h / 10 h |")
+    assert table[2] == "| realign | 2.00 / 3.00 | 1.50 | 110 / 200 | 1.82 | 500 / 500 | 1.00 |"
+    assert table[3] == "| lang | 0.10 / – | – | 200 / – | – | – / – | – |"

@@ -74,12 +74,15 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scale_plot(args: argparse.Namespace) -> int:
-    """Plot the scale benchmark's JSON lines: time per hour and peak memory against hours, per stage."""
+    """Plot the scale benchmark's JSON lines (time per hour and peak memory against hours, per stage) and print
+    them as a Markdown table."""
     from asrflow.report.plots import scale_plot
+    from asrflow.scale.run import scale_table
 
     lines = [json.loads(line) for line in Path(args.lines).read_text().splitlines() if line.strip()]
     scale_plot(lines, args.out)
     _log(f"{args.out}: {len(lines)} lines")
+    print(scale_table(lines, args.base), end="")
     return 0
 
 
@@ -174,9 +177,11 @@ def register(sub: Any) -> Any:
                    "cpu_s, peak_rss_driver_mb, peak_rss_worker_mb, ...) to this file")
     p.set_defaults(func=cmd_bench_scale)
 
-    p = bench.add_parser("scale-plot", help="plot bench scale's lines: time per hour and peak memory against hours")
+    p = bench.add_parser("scale-plot", help="plot bench scale's lines (time per hour, peak memory against hours) "
+                         "and print their table")
     p.add_argument("lines", help="the JSON lines of bench scale (--out)")
     p.add_argument("out", help="the figure to write (PNG)")
+    p.add_argument("--base", type=float, default=10.0, help="the size the largest is compared with in the table")
     p.set_defaults(func=cmd_bench_scale_plot)
 
     p = with_config(bench.add_parser("nnet", help="training throughput of networks, FLOPs and %% of the device's peak"),

@@ -145,3 +145,26 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                         f"worker {line['peak_rss_worker_mb']} MB")
                     lines.append(line)
     return lines
+
+
+def scale_table(lines: list[dict], base: float = 10.0) -> str:
+    """A Markdown table of the benchmark's lines (the latest of each stage and size): seconds per hour of audio,
+    driver and largest-worker peak (MB) at every size, and each one's ratio at the largest size to ``base``."""
+    latest = {(line["stage"], line["hours"]): line for line in lines}
+    stages = list(dict.fromkeys(line["stage"] for line in lines))
+    sizes = sorted({hours for _, hours in latest})
+
+    def row(stage: str, key: str, digits: int) -> tuple[str, str]:
+        values = {h: latest[(stage, h)][key] for h in sizes if (stage, h) in latest}
+        text = " / ".join("–" if values.get(h) is None else f"{values[h]:.{digits}f}" for h in sizes)
+        top, low = values.get(sizes[-1]), values.get(base)
+        return text, (f"{top / low:.2f}" if top is not None and low else "–")
+
+    head, ratio = " / ".join(f"{h:g}" for h in sizes), f"{sizes[-1]:g} h / {base:g} h"
+    out = [f"| stage | s per hour at {head} h | {ratio} | driver MB | {ratio} | largest worker MB | {ratio} |",
+           "|---|---|---|---|---|---|---|"]
+    for stage in stages:
+        cells = [*row(stage, "wall_s_per_hour", 2), *row(stage, "peak_rss_driver_mb", 0),
+                 *row(stage, "peak_rss_worker_mb", 0)]
+        out.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
