@@ -83,15 +83,18 @@ def write_text_atomic(path: str | Path, lines: Iterable[str]) -> None:
     os.replace(tmp, path)
 
 
-def read_scp(path: str | Path) -> dict[str, str]:
-    """``key → ark:offset`` from an scp file."""
-    table = {}
+def scp_entries(path: str | Path) -> Iterator[tuple[str, str]]:
+    """The ``(key, ark:offset)`` entries of an scp file, read a line at a time."""
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             key, _, value = line.rstrip("\n").partition(" ")
             if key:
-                table[key] = value
-    return table
+                yield key, value
+
+
+def read_scp(path: str | Path) -> dict[str, str]:
+    """``key → ark:offset`` from an scp file."""
+    return dict(scp_entries(path))
 
 
 def load(value: str) -> np.ndarray:

@@ -28,7 +28,7 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 
-from asrflow.features.ark import read_scp, write_ark
+from asrflow.features.ark import scp_entries, write_ark
 
 #: The archives of an alignment folder.
 KINDS = ("transition_ids", "pdfs", "phones")
@@ -60,9 +60,13 @@ class StoredAlignments(Mapping):
         if refs:
             self.update(refs)
 
-    def update(self, refs: Mapping[str, str] | StoredAlignments) -> None:
-        """Add (or replace) references: ``utterance → <archive>:<offset>``, or another store's."""
-        pairs = ((u, refs.ref(u)) for u in refs) if isinstance(refs, StoredAlignments) else refs.items()
+    def update(self, refs: Mapping[str, str] | StoredAlignments | Iterable[tuple[str, str]]) -> None:
+        """Add (or replace) references: ``utterance → <archive>:<offset>`` (a mapping or its pairs), or another
+        store's."""
+        if isinstance(refs, StoredAlignments):
+            pairs: Iterable[tuple[str, str]] = ((u, refs.ref(u)) for u in refs)
+        else:
+            pairs = refs.items() if isinstance(refs, Mapping) else refs
         for utt, ref in pairs:
             archive, _, offset = ref.rpartition(":")
             number = self._number.get(archive)
@@ -164,4 +168,6 @@ def read_alignments(folder: str | Path, kind: str = "transition_ids") -> StoredA
     index = alignment_index(folder, kind)
     if not index.is_file():
         raise FileNotFoundError(f"no {kind} alignments in {folder} ({index.name} is missing)")
-    return StoredAlignments(read_scp(index))
+    stored = StoredAlignments()
+    stored.update(scp_entries(index))  # a line at a time: no table of strings on the way
+    return stored
