@@ -44,6 +44,7 @@ from asrflow.gmm.estep import AlignOptions, Shard, features, text_graph, tree_ke
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
+from asrflow.gmm.transforms import StoredTransforms, TransformRef, Transforms, matrix
 from asrflow.lang.graph import read_symbols
 from asrflow.lang.lexicon import OOV_WORD
 from asrflow.workflow import train_split
@@ -67,9 +68,9 @@ class SpeakerStats:
     failed: list[tuple[str, str]]
 
 
-def adapted(shard: Shard, transforms: dict[str, np.ndarray]) -> list[np.ndarray]:
+def adapted(shard: Shard, transforms: Mapping[str, np.ndarray | TransformRef]) -> list[np.ndarray]:
     """The shard's GMM features, each through its speaker's transform (none: as they are)."""
-    return [fmllr.apply(transforms[s], x) if s in transforms else x
+    return [fmllr.apply(matrix(transforms[s]), x) if s in transforms else x
             for x, s in zip(features(shard), shard.speakers)]
 
 
@@ -117,12 +118,17 @@ def speaker_stats(item: tuple[Shard, dict[str, Alignment] | None, dict[str, np.n
     return SpeakerStats(stats, hyps, failed)
 
 
-def shard_transforms(shard: Shard, transforms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The transforms of a shard's speakers (what its task is given, not every speaker's)."""
-    return {spk: transforms[spk] for spk in sorted(set(shard.speakers)) if spk in transforms}
+def shard_transforms(shard: Shard, transforms: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | TransformRef]:
+    """The transforms of a shard's speakers (what its task is given, not every speaker's): where each is when
+    they are stored (:class:`~asrflow.gmm.transforms.StoredTransforms`; the task reads them), else the arrays."""
+    speakers = [spk for spk in sorted(set(shard.speakers)) if spk in transforms]
+    if isinstance(transforms, StoredTransforms):
+        return {spk: transforms.ref(spk) for spk in speakers}
+    return {spk: transforms[spk] for spk in speakers}
 
 
-def estimate_speaker(spk: str, stats: fmllr.FmllrStats, transforms: dict[str, np.ndarray], cfg: dict[str, Any],
+def estimate_speaker(spk: str, stats: fmllr.FmllrStats, transforms: Transforms,
+                     cfg: dict[str, Any],
                      identity: dict[str, str]) -> float | None:
     """Estimate ``spk``'s transform on top of its current one (``transforms``, updated in place) and return its
     objective gain per frame; with too few frames, the speaker goes into ``identity`` with the reason."""
@@ -136,7 +142,7 @@ def estimate_speaker(spk: str, stats: fmllr.FmllrStats, transforms: dict[str, np
 
 
 def adapt_pass(client: Any, shards: list[Shard], alignments: Mapping[str, np.ndarray] | None, blob: Any,
-               graph_path: str, transforms: dict[str, np.ndarray], opts: AdaptOptions, cfg: dict[str, Any],
+               graph_path: str, transforms: Transforms, opts: AdaptOptions, cfg: dict[str, Any],
                identity: dict[str, str], desc: str, retries: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
     """One pass of fMLLR over ``shards``: every speaker's statistics on its current features, and its transform
     (``transforms`` and ``identity`` updated as :func:`estimate_speaker` does); each speaker's gain per frame,
@@ -170,7 +176,7 @@ def adapt_pass(client: Any, shards: list[Shard], alignments: Mapping[str, np.nda
     return gains, sorted(failed)
 
 
-def write_adapted(item: tuple[Shard, str, dict[str, np.ndarray]]) -> tuple[list[str], list[int], int]:
+def write_adapted(item: tuple[Shard, str, dict[str, np.ndarray | TransformRef]]) -> tuple[list[str], list[int], int]:
     """Write a shard's adapted features (the item: the shard, its archive, its speakers' transforms) to its own
     archive (a Dask task: the matrices never reach the driver); its scp lines, frame counts and feature
     dimension."""
@@ -181,7 +187,7 @@ def write_adapted(item: tuple[Shard, str, dict[str, np.ndarray]]) -> tuple[list[
 
 
 def write_split(folder: Path, written: list[tuple[list[str], list[int], int]], utts: list[str],
-                utt2spk: dict[str, str], transforms: dict[str, np.ndarray]) -> None:
+                utt2spk: dict[str, str], transforms: Mapping[str, np.ndarray]) -> None:
     """A split's adapted features as a feature kind, from its shards' archives (``written``, in the order of
     ``utts``): scp, frame counts, zero CMVN statistics, transforms."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -197,16 +203,20 @@ def write_split(folder: Path, written: list[tuple[list[str], list[int], int]], u
                                              for s in speakers if s in transforms])
 
 
-def read_transforms(path: Path) -> dict[str, np.ndarray]:
-    """A ``trans.txt`` written by :func:`write_split`: speaker → its transform [A b]."""
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        spk, *values = line.split()
-        row = np.asarray(values, dtype=np.float64)
-        dim = int((np.sqrt(1 + 4 * row.size) - 1) / 2)  # dim × (dim + 1) values
-        if dim * (dim + 1) != row.size:
-            raise ValueError(f"{path}: speaker {spk} has {row.size} values, not a d × (d + 1) transform")
-        out[spk] = row.reshape(dim, dim + 1)
+def read_transforms(path: Path, into: Transforms | None = None) -> Transforms:
+    """A ``trans.txt`` written by :func:`write_split`: speaker → its transform [A b] (put into ``into``, a dict
+    or a :class:`~asrflow.gmm.transforms.StoredTransforms`, when given; read a line at a time)."""
+    out: Transforms = {} if into is None else into
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            spk, *values = line.split()
+            row = np.asarray(values, dtype=np.float64)
+            dim = int((np.sqrt(1 + 4 * row.size) - 1) / 2)  # dim × (dim + 1) values
+            if dim * (dim + 1) != row.size:
+                raise ValueError(f"{path}: speaker {spk} has {row.size} values, not a d × (d + 1) transform")
+            out[spk] = row.reshape(dim, dim + 1)
     return out
 
 
@@ -245,7 +255,9 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
         shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"],
                               **gmm_features(gmm_dir))
         start_from = Path(init_dir) / split / "trans.txt" if init_dir is not None else None
-        transforms = read_transforms(start_from) if start_from is not None and start_from.is_file() else {}
+        transforms = StoredTransforms(out / split / ".transforms")  # removed once trans.txt is written
+        if start_from is not None and start_from.is_file():
+            read_transforms(start_from, into=transforms)
         identity: dict[str, str] = {}
         passes = 1 if alignments is not None else cfg["passes"]
         gains, failed = [], []
@@ -262,14 +274,16 @@ def adapt_splits(config: dict[str, Any], system: str, train: str, paths: Paths, 
                               retries=config["dask"]["retries"])
         utt2spk = {u: s for sh in shards for u, s in zip(sh.utts, sh.speakers)}
         write_split(out / split, written, [u for sh in shards for u in sh.utts], utt2spk, transforms)
+        adapted_count = len(transforms)
+        transforms.remove()
         kept = "its starting transform" if init_dir is not None else "the identity"
         report += [(split, "speaker", spk, f"kept {kept}: {why}") for spk, why in sorted(identity.items())]
         report += [(split, "utterance", utt, f"no statistics: {why}") for utt, why in sorted(failed)]
         summary[split] = {"supervised": alignments is not None, "utterances": len(utt2spk),
-                          "speakers": len(set(utt2spk.values())), "adapted": len(transforms),
+                          "speakers": len(set(utt2spk.values())), "adapted": adapted_count,
                           "identity": len(identity), "without_statistics": len(failed),
                           "gain_per_frame_by_pass": gains}
-        log(f"fmllr {split}: {len(transforms)} of {summary[split]['speakers']} speakers adapted, "
+        log(f"fmllr {split}: {adapted_count} of {summary[split]['speakers']} speakers adapted, "
             f"objective gain per frame {gains}, {len(failed)} utterances without statistics")
     write_text_atomic(out / "report.tsv", ["split\tkind\tid\treason"] + ["\t".join(r) for r in report])
     manifest = {"system": system, "train": train, "splits": summary, "passes": cfg["passes"],

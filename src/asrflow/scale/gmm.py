@@ -103,10 +103,11 @@ def _tree(size: Size, client: Any) -> dict[str, Any]:
 def _fmllr(size: Size, client: Any) -> dict[str, Any]:
     from asrflow.decode.decoder import gmm_decode_options
     from asrflow.gmm.adapt import AdaptOptions, adapt_pass
+    from asrflow.gmm.transforms import StoredTransforms
 
     config, model, shards = size.config, GmmModel.load(size.model_dir), size.shards()
     opts = AdaptOptions(gmm_decode_options(config["decode"]), size.options(), config["fmllr"]["silence_weight"])
-    transforms: dict = {}
+    transforms = StoredTransforms(size.root / "transforms")
     adapt_pass(client, shards, size.alignments(), broadcast(client, model.to_bytes()), "", transforms, opts,
                config["fmllr"], {}, f"fmllr-{size.hours:.0f}h", config["dask"]["retries"])
     return {"adapted": len(transforms)}
