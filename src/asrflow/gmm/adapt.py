@@ -127,8 +127,7 @@ def shard_transforms(shard: Shard, transforms: Mapping[str, np.ndarray]) -> dict
     return {spk: transforms[spk] for spk in speakers}
 
 
-def estimate_speaker(spk: str, stats: fmllr.FmllrStats, transforms: Transforms,
-                     cfg: dict[str, Any],
+def estimate_speaker(spk: str, stats: fmllr.FmllrStats, transforms: Transforms, cfg: dict[str, Any],
                      identity: dict[str, str]) -> float | None:
     """Estimate ``spk``'s transform on top of its current one (``transforms``, updated in place) and return its
     objective gain per frame; with too few frames, the speaker goes into ``identity`` with the reason."""

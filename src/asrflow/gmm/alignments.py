@@ -64,21 +64,29 @@ class StoredAlignments(Mapping):
         """Add (or replace) references: ``utterance → <archive>:<offset>`` (a mapping or its pairs), or another
         store's."""
         if isinstance(refs, StoredAlignments):
-            pairs: Iterable[tuple[str, str]] = ((u, refs.ref(u)) for u in refs)
-        else:
-            pairs = refs.items() if isinstance(refs, Mapping) else refs
-        for utt, ref in pairs:
+            for utt in refs._where:
+                self._add(utt, *refs._place(utt))
+            return
+        for utt, ref in refs.items() if isinstance(refs, Mapping) else refs:
             archive, _, offset = ref.rpartition(":")
-            number = self._number.get(archive)
-            if number is None:
-                number = self._number[archive] = len(self._archives)
-                self._archives.append(archive)
-            self._where[sys.intern(utt)] = number << self._BITS | int(offset)
+            self._add(utt, archive, int(offset))
+
+    def _add(self, utt: str, archive: str, offset: int) -> None:
+        number = self._number.get(archive)
+        if number is None:
+            number = self._number[archive] = len(self._archives)
+            self._archives.append(archive)
+        self._where[sys.intern(utt)] = number << self._BITS | offset
+
+    def _place(self, utt: str) -> tuple[str, int]:
+        """The archive and offset of ``utt``'s vector."""
+        where = self._where[utt]
+        return self._archives[where >> self._BITS], where & ((1 << self._BITS) - 1)
 
     def ref(self, utt: str) -> str:
         """Where ``utt``'s vector is: ``<archive>:<offset>``, a Kaldi rxfilename."""
-        where = self._where[utt]
-        return f"{self._archives[where >> self._BITS]}:{where & ((1 << self._BITS) - 1)}"
+        archive, offset = self._place(utt)
+        return f"{archive}:{offset}"
 
     @property
     def refs(self) -> dict[str, str]:
@@ -88,7 +96,9 @@ class StoredAlignments(Mapping):
     def subset(self, utts: Iterable[str]) -> StoredAlignments:
         """The references of those of ``utts`` that have one (what a task is given)."""
         out = StoredAlignments()
-        out.update({u: self.ref(u) for u in utts if u in self._where})
+        for utt in utts:
+            if utt in self._where:
+                out._add(utt, *self._place(utt))
         return out
 
     def __getitem__(self, utt: str) -> np.ndarray:

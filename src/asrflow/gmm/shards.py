@@ -13,7 +13,7 @@ import kaldiio
 
 from asrflow.data.datadir import read_table
 from asrflow.features import Projection
-from asrflow.features.ark import read_scp
+from asrflow.features.ark import read_scp, scp_entries
 from asrflow.gmm.estep import Shard
 from asrflow.lang.graph import read_symbols
 from asrflow.lang.lexicon import OOV_WORD
@@ -26,14 +26,11 @@ class _Unsorted(Exception):
 def _rows(path: Path) -> Iterator[tuple[str, str]]:
     """The ``key value`` rows of a Kaldi table, read a line at a time; :class:`_Unsorted` if out of order."""
     last = ""
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            key, _, value = line.rstrip("\n").partition(" ")
-            if key:
-                if key <= last:
-                    raise _Unsorted(path)
-                last = key
-                yield key, value
+    for key, value in scp_entries(path):
+        if key <= last:
+            raise _Unsorted(path)
+        last = key
+        yield key, value
 
 
 def _lookup(rows: Iterator[tuple[str, str]]) -> Callable[[str], str | None]:

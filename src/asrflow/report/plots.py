@@ -60,9 +60,10 @@ def scale_plot(lines: list[dict], path: str | Path) -> None:
     """The scale benchmark's lines (``asrflow bench scale``): seconds per hour of audio, and the peak memory of
     the driver and of the largest worker, against hours, one line per stage (the latest line of each stage and
     size)."""
+    from asrflow.scale.size import latest_lines
+
     plt = _pyplot()
-    latest = {(line["stage"], line["hours"]): line for line in lines}
-    stages = sorted({stage for stage, _ in latest}, key=lambda s: [line["stage"] for line in lines].index(s))
+    stages, latest = latest_lines(lines)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharex=True)
     panels = (("wall_s_per_hour", "seconds per hour of audio"), ("peak_rss_driver_mb", "driver peak (MB)"),
               ("peak_rss_worker_mb", "largest worker peak (MB)"))

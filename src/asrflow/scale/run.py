@@ -25,7 +25,7 @@ from asrflow.cluster import dask_client, peak_memory
 from asrflow.scale import gmm
 from asrflow.scale import stages as pipeline
 from asrflow.scale.corpus import sized_corpus
-from asrflow.scale.size import Size, stage_line
+from asrflow.scale.size import Size, latest_lines, stage_line
 
 StageFn = Callable[[Size, Any], dict[str, Any]]
 
@@ -150,8 +150,7 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
 def scale_table(lines: list[dict], base: float = 10.0) -> str:
     """A Markdown table of the benchmark's lines (the latest of each stage and size): seconds per hour of audio,
     driver and largest-worker peak (MB) at every size, and each one's ratio at the largest size to ``base``."""
-    latest = {(line["stage"], line["hours"]): line for line in lines}
-    stages = list(dict.fromkeys(line["stage"] for line in lines))
+    stages, latest = latest_lines(lines)
     sizes = sorted({hours for _, hours in latest})
 
     def row(stage: str, key: str, digits: int) -> tuple[str, str]:

@@ -22,6 +22,13 @@ def stage_line(stage: str, hours: float, wall: float, cpu: float, driver_mb: flo
             "peak_rss_worker_mb": None if worker_mb is None else round(worker_mb, 1), **extra}
 
 
+def latest_lines(lines: list[dict]) -> tuple[list[str], dict[tuple[str, float], dict]]:
+    """The stages of benchmark ``lines`` in their first order, and the latest line of each stage and size (a
+    stage measured again replaces its earlier line)."""
+    return list(dict.fromkeys(line["stage"] for line in lines)), {(line["stage"], line["hours"]): line
+                                                                  for line in lines}
+
+
 @dataclass(frozen=True)
 class Size:
     """One size of the benchmark.
