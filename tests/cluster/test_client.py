@@ -113,7 +113,9 @@ def test_shards_go_back_to_their_worker_which_caches_within_its_budget() -> None
         assert run_sharded(client, _budget, [0, 1]) == [3 * 2**20] * 2
 
 
-def test_the_cache_drops_the_least_recently_used_past_its_budget() -> None:
+def test_a_full_cache_keeps_what_it_holds_and_builds_the_rest_each_time() -> None:
+    """Passes that visit the same entries in the same order keep hitting the first ones once the cache is full
+    (least-recently-used eviction of such a cycle would never hit)."""
     from asrflow.cluster.cache import Cache, set_budget
 
     set_budget(100)
@@ -124,13 +126,17 @@ def test_the_cache_drops_the_least_recently_used_past_its_budget() -> None:
         def value(key: str, nbytes: int) -> tuple[str, int]:
             return cache.get(key, lambda: made.append(key) or (key, nbytes), lambda v: v[1])
 
-        value("a", 20), value("b", 20), value("a", 20)  # a is used again: b is now the oldest
-        value("c", 20)  # 60 > 50: b goes
-        assert list(cache) == ["a", "c"] and cache.used == 40
-        value("b", 20)
-        assert made == ["a", "b", "c", "b"] and list(cache) == ["c", "b"]
+        for _ in range(3):  # three passes over a cycle of 60 bytes
+            for key in "abc":
+                assert value(key, 20) == (key, 20)
+        assert made == ["a", "b", "c", "c", "c"] and list(cache) == ["a", "b"] and cache.used == 40
         value("huge", 80)  # larger than the budget: made, not kept
-        assert list(cache) == ["c", "b"] and "huge" in made
+        assert list(cache) == ["a", "b"] and "huge" in made
+        cache.pop("a")
+        value("c", 20)
+        assert list(cache) == ["b", "c"] and cache.used == 40
+        cache.clear()
+        assert list(cache) == [] and cache.used == 0
     finally:
         set_budget(DEFAULT_BUDGET)
 
@@ -167,3 +173,41 @@ def test_a_stage_started_by_a_large_process_reports_its_own_peak_not_its_parents
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         child = pool.apply(_child_peak)
     assert ballast.sum() > 0 and child < 200
+
+
+def test_the_peak_restarts_from_what_the_process_holds_now() -> None:
+    """After reset_peak_rss, VmHWM is the work that follows, not an earlier, larger allocation."""
+    import numpy as np
+
+    from asrflow.cluster.client import _peak_rss_mb, reset_peak_rss
+
+    block = np.ones(40 * 2**20 // 8)  # 40 MB, touched
+    before = _peak_rss_mb()
+    del block
+    if not reset_peak_rss():
+        pytest.skip("this system cannot restart a process's peak memory (no /proc/self/clear_refs)")
+    assert _peak_rss_mb() < before - 30
+
+
+def _square(item: list[int]) -> list[int]:
+    return [x * x for x in item]
+
+
+def test_stream_sharded_keeps_shard_order_and_a_bounded_window(dask_client_1) -> None:
+    """Shards are made as the stream asks for them: never more than the window ahead of the results given."""
+    from asrflow.cluster import chunks, stream_sharded
+
+    made: list[int] = []
+
+    def source():
+        for i in range(23):
+            made.append(i)
+            yield i
+
+    out = []
+    for result in stream_sharded(dask_client_1, _square, chunks(source(), 4), window=2):
+        out.append(result)
+        assert len(made) <= 4 * (len(out) + 2)  # two shards of four ahead at most
+    assert [x for r in out for x in r] == [i * i for i in range(23)] and [len(r) for r in out] == [4] * 5 + [3]
+    with pytest.raises(ValueError, match="at least 1"):
+        list(chunks([1], 0))

@@ -540,7 +540,8 @@ def test_the_scale_benchmark_makes_sizes_from_perturbed_audio_written_once(yesno
 
 
 def test_utterances_with_the_same_words_share_one_training_graph(yesno, dask_client_1) -> None:
-    """A worker compiles one graph per transcript: speed-perturbed copies (same words, other ids) reuse it."""
+    """A worker compiles one graph per transcript: speed-perturbed copies (same words, other ids) reuse it; a
+    new tree's graphs replace the previous tree's."""
     import dataclasses
 
     from asrflow.gmm import estep
@@ -550,8 +551,9 @@ def test_utterances_with_the_same_words_share_one_training_graph(yesno, dask_cli
     shard = shards[0]
     copy = dataclasses.replace(shard, utts=[f"sp0.9-{u}" for u in shard.utts], key=f"copy-{shard.key}")
     tree = estep.tree_key(result.model)
-    for key in list(estep._GRAPHS):
-        estep._GRAPHS.pop(key)
+    estep._GRAPHS.clear()
     first = estep.training_graph(result.model, shard, 0, tree)
     assert estep.training_graph(result.model, copy, 0, tree) is first and len(estep._GRAPHS) == 1
     assert estep.graph_bytes(first) > 256
+    estep.training_graph(result.model, shard, 1, b"next")  # another tree's graphs: the first tree's go
+    assert [key[1] for key in estep._GRAPHS] == [b"next"]

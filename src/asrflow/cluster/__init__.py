@@ -2,12 +2,15 @@
 
 from asrflow.cluster.client import (
     broadcast,
+    chunks,
     dask_client,
     iter_sharded,
     peak_memory,
     run_reduced,
     run_sharded,
     shard,
+    stream_sharded,
 )
 
-__all__ = ["broadcast", "dask_client", "iter_sharded", "peak_memory", "run_reduced", "run_sharded", "shard"]
+__all__ = ["broadcast", "chunks", "dask_client", "iter_sharded", "peak_memory", "run_reduced", "run_sharded", "shard",
+           "stream_sharded"]

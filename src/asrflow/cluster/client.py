@@ -12,7 +12,8 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +30,20 @@ R = TypeVar("R")
 def shard(items: Sequence[T], size: int) -> list[list[T]]:
     """Cut ``items`` into consecutive shards of ``size`` (the last may be shorter)."""
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of ``size`` items (the last one shorter) from any iterable, made as they are asked for."""
+    if size < 1:
+        raise ValueError("chunk size must be at least 1")
+    group: list[T] = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 @contextmanager
@@ -106,6 +121,17 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident memory (``VmHWM``) again from what it holds now (Linux:
+    ``clear_refs`` 5), so the next peak is that of the work that follows; whether it could."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def peak_memory(client: Any) -> dict[str, float]:
@@ -256,6 +282,50 @@ def iter_sharded(
             future.release()
             bar.update(units[i])
             yield i, result
+
+
+def stream_sharded(
+    client: Any,
+    fn: Callable[..., R],
+    shards: Iterable[Any],
+    *args: Any,
+    window: int | None = None,
+    units: Callable[[Any], int] = len,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "utt",
+    retries: int = 2,
+    **kwargs: Any,
+) -> Iterator[R]:
+    """``fn(shard, *args, **kwargs)`` for each shard as ``shards`` makes them, results in shard order, with at
+    most ``window`` shards submitted and not yet given back (default: two per worker, plus two): a stage that
+    streams its input through the cluster and writes each result as it comes holds a window of shards, not the
+    corpus. Shard ``i`` goes to the ``i``-th worker modulo their number (:func:`homes`); the progress bar
+    counts ``units(shard)`` per shard, of ``total`` when known.
+    """
+    workers = sorted(client.scheduler_info().get("workers", {}))
+    window = window or 2 * max(len(workers), 1) + 2
+    token = uuid.uuid4().hex[:8]
+    name = desc or fn.__name__
+    pending: deque[tuple[Any, int]] = deque()
+    with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
+              disable=None if sys.stderr.isatty() else False) as bar:
+
+        def oldest() -> R:
+            future, units = pending.popleft()
+            result = future.result()
+            future.release()
+            bar.update(units)
+            return result
+
+        for i, item in enumerate(shards):
+            home = [workers[i % len(workers)]] if workers else None
+            pending.append((client.submit(fn, item, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
+                                          workers=home, allow_other_workers=True, **kwargs), units(item)))
+            if len(pending) >= window:
+                yield oldest()
+        while pending:
+            yield oldest()
 
 
 def run_reduced(

@@ -9,6 +9,7 @@ data stage's job, the same for every corpus.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +38,9 @@ class RawUtterance:
         problem: a fault found while listing (for example a non-UTF-8 transcript line);
             such an utterance is rejected with this reason.
         source: where the transcript came from (file and line), for the report.
+        split: the split the utterance belongs to, when the recipe knows it as it lists it (a corpus
+            distributed as split folders); then the data stage streams the corpus and does not call
+            :meth:`Recipe.splits`.
     """
 
     utt_id: str
@@ -48,6 +52,7 @@ class RawUtterance:
     recording: str | None = None
     problem: str | None = None
     source: str = ""
+    split: str | None = None
 
     @property
     def recording_id(self) -> str:
@@ -67,7 +72,7 @@ class Listing:
     group speakers by them.
     """
 
-    utterances: list[RawUtterance] = field(default_factory=list)
+    utterances: Iterable[RawUtterance] = field(default_factory=list)  # a list, or a stream read once
     speakers: dict[str, dict[str, str]] = field(default_factory=dict)
 
 

@@ -3,14 +3,15 @@
 Checks, with the reason each writes to the report:
 
 * listing faults found by the recipe (non-UTF-8 transcript line, unparsable name, ...);
-* duplicate utterance id (the first one is kept);
+* duplicate utterance id (the first one listed is kept; found by the data stage once the valid
+  utterances are sorted);
 * no transcript; transcript empty after normalisation;
 * audio: missing file, empty file, not decodable, truncated WAV, no samples, unreadable
   sample rate, duration outside ``[audio.min_duration, audio.max_duration]``, segment
   outside the recording.
 
-Audio checks are pure functions of one utterance, so the data stage can run them as Dask
-tasks over shards; text checks run on the driver.
+Audio checks are pure functions of one utterance, so the data stage runs them as Dask tasks
+over shards; text checks run on the driver as the recipe lists the utterances.
 """
 
 from __future__ import annotations
@@ -100,35 +101,31 @@ def check_audio(raw: RawUtterance, min_duration: float, max_duration: float) -> 
     return AudioCheck(utt, True, duration=duration, sample_rate=rate, checksum=checksum)
 
 
-def check_audio_batch(raws: list[RawUtterance], min_duration: float, max_duration: float) -> list[AudioCheck]:
-    """:func:`check_audio` over a shard (one Dask task)."""
-    return [check_audio(r, min_duration, max_duration) for r in raws]
+def text_problem(raw: RawUtterance, lang: str) -> tuple[str | None, str]:
+    """``raw``'s normalised transcript, or None and why it is rejected (a listing fault, a bad id, no transcript,
+    or nothing left after normalisation)."""
+    if raw.problem:
+        return None, raw.problem
+    if any(ch.isspace() for ch in raw.utt_id) or not raw.utt_id:
+        return None, "utterance id is empty or has whitespace"
+    if raw.text is None:
+        return None, "no transcript"
+    text = normalize_text(raw.text, lang)
+    if not text:
+        return None, f"transcript empty after normalisation: {raw.text!r}"
+    return text, ""
 
 
-def check_text(raws: list[RawUtterance], lang: str) -> tuple[dict[str, str], list[Rejection]]:
-    """Listing faults, duplicate ids and transcripts; returns normalised text per kept id."""
-    texts: dict[str, str] = {}
-    rejected: list[Rejection] = []
-    first_seen: dict[str, str] = {}
-    for raw in raws:
-        if raw.utt_id in first_seen:
-            rejected.append(Rejection(raw.utt_id, raw.audio,
-                                      f"duplicate utterance id (first: {first_seen[raw.utt_id]})"))
+def validate_batch(items: list[tuple[RawUtterance, str]], min_duration: float, max_duration: float,
+                   corpus: str = "") -> list[tuple[Utterance, str | None] | Rejection]:
+    """Check the audio of a shard of ``(utterance, normalised transcript)`` (one Dask task): each becomes a valid
+    :class:`Utterance` (with the split its recipe gave it) or a :class:`Rejection`."""
+    out: list[tuple[Utterance, str | None] | Rejection] = []
+    for raw, text in items:
+        check = check_audio(raw, min_duration, max_duration)
+        if not check.ok:
+            out.append(Rejection(raw.utt_id, raw.audio, check.reason))
             continue
-        first_seen[raw.utt_id] = raw.source or raw.audio
-        if raw.problem:
-            rejected.append(Rejection(raw.utt_id, raw.audio, raw.problem))
-            continue
-        if any(ch.isspace() for ch in raw.utt_id) or not raw.utt_id:
-            rejected.append(Rejection(raw.utt_id, raw.audio, "utterance id is empty or has whitespace"))
-            continue
-        if raw.text is None:
-            rejected.append(Rejection(raw.utt_id, raw.audio, "no transcript"))
-            continue
-        text = normalize_text(raw.text, lang)
-        if not text:
-            rejected.append(Rejection(raw.utt_id, raw.audio,
-                                      f"transcript empty after normalisation: {raw.text!r}"))
-            continue
-        texts[raw.utt_id] = text
-    return texts, rejected
+        out.append((Utterance(raw.utt_id, raw.speaker, raw.audio, text, check.duration, check.sample_rate,
+                              raw.recording_id, raw.start, raw.end, check.checksum, corpus=corpus), raw.split))
+    return out

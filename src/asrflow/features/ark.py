@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from asrflow.data.tables import atomic_text, entries
+
 SPEECH_FEATURE = 2  # Kaldi's CompressionMethod kSpeechFeature: what make_mfcc.sh --compress true stores
 
 
@@ -75,21 +77,14 @@ def write_ark(path: str | Path, items: Iterable[tuple[str, np.ndarray | bytes]],
 
 
 def write_text_atomic(path: str | Path, lines: Iterable[str]) -> None:
-    """Write lines (newline-terminated) to ``path`` via a temporary file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-        out.write("".join(f"{line}\n" for line in lines))
-    os.replace(tmp, path)
+    """Write lines (newline-terminated) to ``path`` via a temporary file, a line at a time."""
+    with atomic_text(path) as out:
+        out.writelines(f"{line}\n" for line in lines)
 
 
 def scp_entries(path: str | Path) -> Iterator[tuple[str, str]]:
     """The ``(key, ark:offset)`` entries of an scp file, read a line at a time."""
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            key, _, value = line.rstrip("\n").partition(" ")
-            if key:
-                yield key, value
+    return entries(path)
 
 
 def read_scp(path: str | Path) -> dict[str, str]:

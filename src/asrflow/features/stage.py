@@ -20,20 +20,23 @@ Shards are fixed by the config and dither is seeded per utterance, so every file
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from asrflow.cluster import run_sharded, shard
+from asrflow.cluster import chunks, stream_sharded
 from asrflow.data.audio import AudioError, read_audio
-from asrflow.data.datadir import read_data_dir, read_table
+from asrflow.data.datadir import iter_data_dir
 from asrflow.data.perturb import perturb_speed
+from asrflow.data.tables import entries, lookup, ordered_rows
 from asrflow.data.validate import Utterance
-from asrflow.features.ark import decoded, matrix_bytes, write_ark, write_text_atomic
+from asrflow.features.ark import atomic_text, decoded, matrix_bytes, write_ark, write_text_atomic
 from asrflow.features.compute import FeatureOptions, compute_batch
 from asrflow.features.transforms import cmvn_stats
 
@@ -111,47 +114,58 @@ class FeatureSummary:
         return self.audio_hours * 3600.0 / self.wall_seconds if self.wall_seconds else 0.0
 
 
-def speaker_cmvn(ids: list[str], utt2spk: dict[str, str], row: dict[str, int],
-                 stats: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    """Sum per-utterance CMVN statistics (``stats[row[utt]]``) per speaker, sorted by speaker."""
-    speakers, inverse = np.unique([utt2spk[u] for u in ids], return_inverse=True)
-    totals = np.zeros((len(speakers), *stats.shape[1:]), dtype=np.float64)
-    np.add.at(totals, inverse, stats[[row[u] for u in ids]])
-    return list(zip(speakers.tolist(), totals))
+def write_splits(out: Path, data_dir: Path, splits: list[str], stats: np.ndarray) -> None:
+    """Per split: its subset of the index (``out``'s ``feats.scp`` and ``utt2num_frames``, in key order) and per-speaker
+    CMVN statistics, each split's ``utt2spk`` joined with the index a line at a time.
 
-
-def write_splits(out: Path, data_dir: Path, splits: list[str], scp_of: dict[str, str],
-                 frames: dict[str, int], stats: np.ndarray) -> None:
-    """Per split: its subset of the index and per-speaker CMVN statistics.
-
-    ``stats`` holds one row of CMVN statistics per utterance, in ``scp_of`` order.
+    ``stats`` holds one row of CMVN statistics per line of ``out/feats.scp``, in its order.
     """
-    row = {utt: i for i, utt in enumerate(scp_of)}
     for split in splits:
-        utt2spk = read_table(data_dir / split / "utt2spk")
-        ids = [u for u in utt2spk if u in row]
+        index = lookup(_indexed(out))
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(folder / "feats.scp", [f"{u} {scp_of[u]}" for u in ids])
-        write_text_atomic(folder / "utt2num_frames", [f"{u} {frames[u]}" for u in ids])
-        cmvn_lines = write_ark(folder / "cmvn.ark", speaker_cmvn(ids, utt2spk, row, stats) if ids else [])
-        write_text_atomic(folder / "cmvn.scp", cmvn_lines)
+        totals: dict[str, np.ndarray] = {}
+        with atomic_text(folder / "feats.scp") as scp, atomic_text(folder / "utt2num_frames") as lengths:
+            for utt, spk in ordered_rows(data_dir / split / "utt2spk"):
+                hit = index(utt)
+                if hit is None:
+                    continue
+                location, frames, row = hit
+                scp.write(f"{utt} {location}\n")
+                lengths.write(f"{utt} {frames}\n")
+                if spk in totals:
+                    totals[spk] += stats[row]
+                else:
+                    totals[spk] = np.array(stats[row], dtype=np.float64)
+        write_text_atomic(folder / "cmvn.scp", write_ark(folder / "cmvn.ark", sorted(totals.items())))
 
 
-def stage_utterances(data_dir: Path, splits: list[str]) -> list[Utterance]:
-    """Every utterance to extract: the ``all`` dir's, then those only some split holds (speed-perturbed copies)."""
-    utts = read_data_dir(data_dir / "all")
-    known = {u.utt_id for u in utts}
-    for split in splits:
-        extra = [u for u in read_data_dir(data_dir / split) if u.utt_id not in known]
-        known.update(u.utt_id for u in extra)
-        utts += extra
-    return utts
+def _indexed(out: Path) -> Iterator[tuple[str, tuple[str, str, int]]]:
+    """``(utt, (ark:offset, frames, row))`` of every line of ``out``'s ``feats.scp`` and ``utt2num_frames``."""
+    for row, ((utt, location), (_, frames)) in enumerate(zip(entries(out / "feats.scp"),
+                                                             entries(out / "utt2num_frames"), strict=True)):
+        yield utt, (location, frames, row)
+
+
+def stage_utterances(data_dir: Path, splits: list[str]) -> Iterator[Utterance]:
+    """Every utterance to extract, once and in id order: the ``all`` dir's merged, as they are read, with the
+    speed-perturbed copies that splits hold (those with ``utt2speed``)."""
+    streams = [iter_data_dir(data_dir / "all")]
+    streams += [iter_data_dir(data_dir / s) for s in splits if (data_dir / s / "utt2speed").is_file()]
+    last = None
+    for utt in heapq.merge(*streams, key=lambda u: u.utt_id):
+        if utt.utt_id != last:
+            last = utt.utt_id
+            yield utt
 
 
 def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, out_dir: str | Path,
                      client: Any, workers: int = 1, log=print) -> FeatureSummary:
-    """Run the features stage for one ``kind`` (``mfcc`` or ``fbank``)."""
+    """Run the features stage for one ``kind`` (``mfcc`` or ``fbank``).
+
+    The utterances stream from the data dirs through the cluster (a few shards at a time), and each shard's
+    index lines and CMVN statistics are written as its result comes, so the driver's memory does not grow
+    with the corpus."""
     start = time.perf_counter()
     data_dir, out = Path(data_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -159,31 +173,40 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     opts = FeatureOptions.from_config(fcfg, kind, config["audio"]["sample_rate"])
     manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
     splits = list(manifest["splits"])
-    utts = stage_utterances(data_dir, splits)
-    shards = shard(utts, fcfg["shard_utts"])
-    arks = [str(out / f"feats.{i:04d}.ark") for i in range(len(shards))]
-    log(f"{kind}: {len(utts)} utterances in {len(shards)} shards, dim {opts.dim}")
-    results = run_sharded(client, _extract_shard_args, list(zip(shards, arks)), opts, config["seed"],
-                          config["features"]["compress"],
-                          units=[len(s) for s in shards], desc=f"features-{kind}",
-                          retries=config["dask"]["retries"])
+    log(f"{kind}: shards of {fcfg['shard_utts']} utterances, dim {opts.dim}")
+    items = ((group, str(out / f"feats.{i:04d}.ark"))
+             for i, group in enumerate(chunks(stage_utterances(data_dir, splits), fcfg["shard_utts"])))
+    stats_path = out / ".cmvn_stats.tmp"
+    shards = utterances = frames = 0
+    audio_seconds = task_seconds = 0.0
+    failed: list[tuple[str, str, str]] = []
+    with atomic_text(out / "feats.scp") as scp, atomic_text(out / "utt2num_frames") as lengths, \
+            open(stats_path, "wb") as stats_file:
+        for result in stream_sharded(client, _extract_shard_args, items, opts, config["seed"], fcfg["compress"],
+                                     units=lambda item: len(item[0]), desc=f"features-{kind}",
+                                     retries=config["dask"]["retries"]):
+            scp.writelines(f"{line}\n" for line in result.scp)
+            lengths.writelines(f"{u} {n}\n" for u, n in result.num_frames.items())
+            stats_file.write(np.ascontiguousarray(result.stats, dtype=np.float64).tobytes())
+            shards += 1
+            utterances += len(result.num_frames)
+            frames += sum(result.num_frames.values())
+            failed += result.failed
+            audio_seconds += result.audio_seconds
+            task_seconds += result.seconds
     compute_end = time.perf_counter()
     for stale in out.glob(".feats.*.tmp"):  # left by a worker killed mid-write (its shard was redone)
         stale.unlink()
-    scp_lines = [line for r in results for line in r.scp]
-    frames = {k: v for r in results for k, v in r.num_frames.items()}
-    stats = np.concatenate([r.stats for r in results])
-    failed = sorted(f for r in results for f in r.failed)
-    write_text_atomic(out / "feats.scp", scp_lines)
-    write_text_atomic(out / "utt2num_frames", (f"{u} {n}" for u, n in frames.items()))
-    write_text_atomic(out / "report.tsv", ["utt_id\tfile\treason", *("\t".join(f) for f in failed)])
-    scp_of = dict(line.split(" ", 1) for line in scp_lines)
-    write_splits(out, data_dir, splits, scp_of, frames, stats)
+    write_text_atomic(out / "report.tsv", ["utt_id\tfile\treason", *("\t".join(f) for f in sorted(failed))])
+    stats = np.memmap(stats_path, dtype=np.float64, mode="r", shape=(utterances, 2, opts.dim + 1)) \
+        if utterances else np.zeros((0, 2, opts.dim + 1))
+    write_splits(out, data_dir, splits, stats)
+    del stats
+    stats_path.unlink()
     summary = FeatureSummary(
-        kind=kind, dim=opts.dim, utterances=len(frames), frames=sum(frames.values()), failed=len(failed),
-        shards=len(shards), audio_hours=sum(r.audio_seconds for r in results) / 3600.0,
-        wall_seconds=time.perf_counter() - start, compute_seconds=compute_end - start, workers=workers,
-        task_seconds=sum(r.seconds for r in results),
+        kind=kind, dim=opts.dim, utterances=utterances, frames=frames, failed=len(failed), shards=shards,
+        audio_hours=audio_seconds / 3600.0, wall_seconds=time.perf_counter() - start,
+        compute_seconds=compute_end - start, workers=workers, task_seconds=task_seconds,
     )
     (out / "manifest.json").write_text(json.dumps(
         {"kind": kind, "dim": opts.dim, "options": asdict(opts), "utterances": summary.utterances,
@@ -191,8 +214,8 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
         indent=2) + "\n", encoding="utf-8")
     (out / "timing.json").write_text(json.dumps(
         {**asdict(summary), "x_real_time": summary.x_real_time}, indent=2) + "\n", encoding="utf-8")
-    log(f"{kind}: {summary.utterances} utterances, {summary.frames} frames, {summary.failed} failed, "
-        f"{summary.x_real_time:.0f}x real time")
+    log(f"{kind}: {summary.utterances} utterances in {shards} shards, {summary.frames} frames, "
+        f"{summary.failed} failed, {summary.x_real_time:.0f}x real time")
     return summary
 
 

@@ -2,8 +2,8 @@
 
 Every task is a pure function of (model, shard, alignments): it may run on any worker,
 twice, or after a worker died, and give the same statistics. Workers only *cache* what
-they can rebuild (features, compiled training graphs), within ``dask.cache_mb``
-(:mod:`asrflow.cluster.cache`: features and graphs half each). Alignments live in archives: a task
+they can rebuild (compiled training graphs), within ``dask.cache_mb``
+(:mod:`asrflow.cluster.cache`); features are read again on every pass. Alignments live in archives: a task
 that aligns writes its shard's into one (:func:`asrflow.gmm.alignments.write_archive`) and returns
 where they are; a task that accumulates is given those references and reads them.
 
@@ -30,9 +30,9 @@ from asrflow.gmm.alignments import Alignment, StoredAlignments, load_alignment, 
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
-_FEATURES = Cache(share=0.5)  # shard key -> its utterances' feature matrices
 _COMPILERS: dict[tuple, object] = {}  # one per (lang, tree)
-_GRAPHS = Cache(share=0.5)  # (lang, tree, transcript word ids) -> its training graph
+_GRAPHS = Cache()  # (lang, tree, transcript word ids) -> its training graph
+_GRAPH_TREE: list[tuple[str, bytes]] = []  # the (lang, tree) whose graphs _GRAPHS holds
 _KEEP: list = []  # objects the C++ graph compiler references (never freed while it lives)
 
 
@@ -109,22 +109,16 @@ class EStepResult:
 
 def features(shard: Shard) -> list[np.ndarray]:
     """CMVN (per speaker, or per utterance) then Δ/ΔΔ features of a shard, or its spliced frames through its
-    projection; cached per worker process (the latest projection of a shard only)."""
-    key = shard.key if shard.projection is None else f"{shard.key}/{shard.projection.key}"
-
-    def make() -> list[np.ndarray]:
-        out = []
-        for value, spk in zip(shard.feats, shard.speakers):
-            mat = apply_cmvn(load(value), None if shard.per_utterance else shard.cmvn[spk])
-            if shard.deltas:
-                mat = add_deltas(mat, shard.deltas)
-            out.append(np.ascontiguousarray(mat if shard.projection is None else shard.projection(mat)))
-        if shard.projection is not None:  # an MLLT update replaces the shard's features: drop the old ones
-            for old in [k for k in _FEATURES if k.startswith(f"{shard.key}/")]:
-                _FEATURES.pop(old)
-        return out
-
-    return _FEATURES.get(key, make, lambda mats: sum(m.nbytes for m in mats))
+    projection, read from the archives on every pass as Kaldi's pipelines do (``apply-cmvn | add-deltas``):
+    the operating system's page cache keeps the archives, and reading a shard again costs no measurable time
+    next to its E-step, where keeping it in the worker would grow the worker with the corpus."""
+    out = []
+    for value, spk in zip(shard.feats, shard.speakers):
+        mat = apply_cmvn(load(value), None if shard.per_utterance else shard.cmvn[spk])
+        if shard.deltas:
+            mat = add_deltas(mat, shard.deltas)
+        out.append(np.ascontiguousarray(mat if shard.projection is None else shard.projection(mat)))
+    return out
 
 
 def graph_bytes(graph) -> int:
@@ -156,7 +150,12 @@ def tree_key(model: GmmModel) -> bytes:
 
 def training_graph(model: GmmModel, shard: Shard, i: int, tree_id: bytes):
     """The utterance's training graph (transcript → HMM states), compiled once per worker and transcript:
-    utterances with the same words (speed-perturbed copies, prompts read by many speakers) share one."""
+    utterances with the same words (speed-perturbed copies, prompts read by many speakers) share one. The
+    graphs of another lang or tree (a system trained before) are dropped when this one's are first asked for."""
+    tree = (shard.lang_dir, tree_id)
+    if _GRAPH_TREE and _GRAPH_TREE[0] != tree:
+        _GRAPHS.clear()
+    _GRAPH_TREE[:] = [tree]
     key = (shard.lang_dir, tree_id, tuple(int(w) for w in shard.word_ids[i]))
     return _GRAPHS.get(key, lambda: _compiler(model, shard.lang_dir, tree_id).compile_graph_from_text(
         list(shard.word_ids[i])), graph_bytes)

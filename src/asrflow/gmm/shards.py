@@ -5,58 +5,32 @@ from __future__ import annotations
 import dataclasses
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import zip_longest
 from pathlib import Path
 
 import kaldiio
 
 from asrflow.data.datadir import read_table
+from asrflow.data.tables import Unsorted, drain, lookup, sorted_rows
 from asrflow.features import Projection
-from asrflow.features.ark import read_scp, scp_entries
+from asrflow.features.ark import read_scp
 from asrflow.gmm.estep import Shard
 from asrflow.lang.graph import read_symbols
 from asrflow.lang.lexicon import OOV_WORD
 
 
-class _Unsorted(Exception):
-    """A table whose keys are not in sorted order (Kaldi's data dirs are sorted; ours always are)."""
-
-
-def _rows(path: Path) -> Iterator[tuple[str, str]]:
-    """The ``key value`` rows of a Kaldi table, read a line at a time; :class:`_Unsorted` if out of order."""
-    last = ""
-    for key, value in scp_entries(path):
-        if key <= last:
-            raise _Unsorted(path)
-        last = key
-        yield key, value
-
-
-def _lookup(rows: Iterator[tuple[str, str]]) -> Callable[[str], str | None]:
-    """A lookup of increasing keys in sorted ``rows`` (a merge join): the value of a key, or None."""
-    current: list = [next(rows, None)]
-
-    def value(key: str) -> str | None:
-        while current[0] is not None and current[0][0] < key:
-            current[0] = next(rows, None)
-        return current[0][1] if current[0] is not None and current[0][0] == key else None
-
-    return value
-
-
 def _joined(data_dir: Path, feats_dir: Path, split: str,
             merge: bool) -> Iterator[tuple[str, str, str | None, str | None]]:
     """(utterance, transcript, speaker, feature location) of every utterance with a transcript, in sorted order:
-    with ``merge`` the sorted tables merged as they are read (no table held whole; :class:`_Unsorted` when one
-    is not sorted), else looked up in dicts."""
+    with ``merge`` the sorted tables merged as they are read (no table held whole; ``Unsorted`` when one is not
+    sorted), else looked up in dicts."""
     paths = (data_dir / split / "text", data_dir / split / "utt2spk", feats_dir / split / "feats.scp")
     if merge:
-        spk_rows, feat_rows = _rows(paths[1]), _rows(paths[2])
-        speaker, feats = _lookup(spk_rows), _lookup(feat_rows)
-        yield from ((utt, text, speaker(utt), feats(utt)) for utt, text in _rows(paths[0]))
-        for _ in (*spk_rows, *feat_rows):  # read to the end: a table out of order anywhere is found
-            pass
+        spk_rows, feat_rows = sorted_rows(paths[1]), sorted_rows(paths[2])
+        speaker, feats = lookup(spk_rows), lookup(feat_rows)
+        yield from ((utt, text, speaker(utt), feats(utt)) for utt, text in sorted_rows(paths[0]))
+        drain(spk_rows, feat_rows)
         return
     text, utt2spk, scp = read_table(paths[0]), read_table(paths[1]), read_scp(paths[2])
     yield from ((utt, text[utt], utt2spk.get(utt), scp.get(utt)) for utt in sorted(text))
@@ -76,7 +50,7 @@ def split_shards(data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Pa
     try:
         return _split(Path(data_dir), Path(feats_dir), lang_dir, split, shard_utts, deltas, only, cmvn, projection,
                       merge=True)
-    except _Unsorted:  # a table written by hand, out of order: read them whole
+    except Unsorted:  # a table written by hand, out of order: read them whole
         return _split(Path(data_dir), Path(feats_dir), lang_dir, split, shard_utts, deltas, only, cmvn, projection,
                       merge=False)
 

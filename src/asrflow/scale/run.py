@@ -6,8 +6,9 @@ the split's stored features (:func:`~asrflow.scale.gmm.replicate`). Each stage's
 own (its peak resident memory is the stage's, not what earlier stages left behind); the workers of a local
 Dask cluster serve all the stages of a size, as they serve a workflow's jobs. One JSON line per stage and
 size: ``stage``, ``hours``, ``wall_s``, ``cpu_s`` (driver and workers), ``wall_s_per_hour``,
-``peak_rss_driver_mb``, ``peak_rss_worker_mb`` (the largest worker's peak so far; none for stages without
-workers) and the stage's own counts.
+``peak_rss_driver_mb``, ``peak_rss_worker_mb`` (the largest worker's peak during the stage: each worker's
+peak is restarted from what it holds when the stage starts, which includes what earlier stages of the size
+left in its cache; none for stages without workers) and the stage's own counts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.cluster import dask_client, peak_memory
+from asrflow.cluster.client import reset_peak_rss
 from asrflow.scale import gmm
 from asrflow.scale import stages as pipeline
 from asrflow.scale.corpus import sized_corpus
@@ -68,7 +70,7 @@ def _cache_mb() -> float:
     """What a worker's caches hold now (MB)."""
     from asrflow.gmm import estep
 
-    return (estep._FEATURES.used + estep._GRAPHS.used) / 2**20
+    return estep._GRAPHS.used / 2**20
 
 
 def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
@@ -78,6 +80,8 @@ def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
     fn, uses_workers = STAGES[name]
     with Client(address, timeout="60s") as client:
         workers_cpu = sum(client.run(_cpu_seconds).values())
+        if uses_workers:
+            client.run(reset_peak_rss)
         cpu = _cpu_seconds()
         start = time.perf_counter()
         extra = fn(size, client if uses_workers else None)
