@@ -114,18 +114,21 @@ class FeatureSummary:
         return self.audio_hours * 3600.0 / self.wall_seconds if self.wall_seconds else 0.0
 
 
-def write_splits(out: Path, data_dir: Path, splits: list[str], stats: np.ndarray) -> None:
+def write_splits(out: Path, data_dir: Path, splits: list[str], stats: Path, shape: tuple[int, int]) -> None:
     """Per split: its subset of the index (``out``'s ``feats.scp`` and ``utt2num_frames``, in key order) and per-speaker
     CMVN statistics, each split's ``utt2spk`` joined with the index a line at a time.
 
-    ``stats`` holds one row of CMVN statistics per line of ``out/feats.scp``, in its order.
+    ``stats`` is a file of one row of CMVN statistics (float64, ``shape``) per line of ``out/feats.scp``, in its
+    order, read a row at a time (a split's rows come in increasing order).
     """
+    size = 8 * shape[0] * shape[1]
     for split in splits:
         index = lookup(_indexed(out))
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
         totals: dict[str, np.ndarray] = {}
-        with atomic_text(folder / "feats.scp") as scp, atomic_text(folder / "utt2num_frames") as lengths:
+        with atomic_text(folder / "feats.scp") as scp, atomic_text(folder / "utt2num_frames") as lengths, \
+                open(stats, "rb") as rows:
             for utt, spk in ordered_rows(data_dir / split / "utt2spk"):
                 hit = index(utt)
                 if hit is None:
@@ -133,10 +136,12 @@ def write_splits(out: Path, data_dir: Path, splits: list[str], stats: np.ndarray
                 location, frames, row = hit
                 scp.write(f"{utt} {location}\n")
                 lengths.write(f"{utt} {frames}\n")
+                rows.seek(row * size)
+                value = np.frombuffer(rows.read(size), dtype=np.float64).reshape(shape)
                 if spk in totals:
-                    totals[spk] += stats[row]
+                    totals[spk] += value
                 else:
-                    totals[spk] = np.array(stats[row], dtype=np.float64)
+                    totals[spk] = value.copy()
         write_text_atomic(folder / "cmvn.scp", write_ark(folder / "cmvn.ark", sorted(totals.items())))
 
 
@@ -198,10 +203,7 @@ def extract_features(config: dict[str, Any], data_dir: str | Path, kind: str, ou
     for stale in out.glob(".feats.*.tmp"):  # left by a worker killed mid-write (its shard was redone)
         stale.unlink()
     write_text_atomic(out / "report.tsv", ["utt_id\tfile\treason", *("\t".join(f) for f in sorted(failed))])
-    stats = np.memmap(stats_path, dtype=np.float64, mode="r", shape=(utterances, 2, opts.dim + 1)) \
-        if utterances else np.zeros((0, 2, opts.dim + 1))
-    write_splits(out, data_dir, splits, stats)
-    del stats
+    write_splits(out, data_dir, splits, stats_path, (2, opts.dim + 1))
     stats_path.unlink()
     summary = FeatureSummary(
         kind=kind, dim=opts.dim, utterances=utterances, frames=frames, failed=len(failed), shards=shards,
