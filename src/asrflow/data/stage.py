@@ -34,6 +34,7 @@ from asrflow.data.tables import ExternalSort, atomic_text
 from asrflow.data.validate import Rejection, Utterance, text_problem, validate_batch
 
 SHARD_UTTS = 200
+SORT_LINES = 20_000  # valid utterances the on-disk sort keeps in memory before it writes a sorted run
 
 
 @dataclass
@@ -54,14 +55,6 @@ class DataSummary:
     @property
     def x_real_time(self) -> float:
         return self.hours * 3600.0 / self.wall_seconds if self.wall_seconds else 0.0
-
-
-def fingerprint(utterances: list[Utterance]) -> str:
-    """sha256 over (id, audio checksum, normalised text) of every valid utterance."""
-    h = hashlib.sha256()
-    for u in sorted(utterances, key=lambda u: u.utt_id):
-        h.update(f"{u.utt_id}\t{u.checksum}\t{u.text}\n".encode())
-    return h.hexdigest()
 
 
 def _reason_kind(reason: str) -> str:
@@ -195,7 +188,7 @@ def prepare_data(config: dict[str, Any], out_dir: str | Path, client: Any, log=p
     out.mkdir(parents=True, exist_ok=True)
     speakers: dict[str, dict[str, str]] = {}  # spk2gender, spk2age, ... of every corpus
     rejected: list[Rejection] = []
-    sort = ExternalSort(out / ".sort")
+    sort = ExternalSort(out / ".sort", SORT_LINES)
     own = _validated(config["corpus"], config, client, "", sort, rejected, log, speakers)
     if not own.valid:
         where = _write_reports(rejected, out, kept_report)
@@ -264,7 +257,7 @@ def _write_all(records: Iterator[tuple[str, str]], out: Path, speakers: dict[str
     """``all/`` (every valid utterance) and ``.valid.jsonl`` (the same, with splits) from the sorted records: an id
     listed twice keeps its first listing, an extra corpus's utterance of a speaker id the experiment's corpus
     has is rejected (one id for two speakers would pool their CMVN and fMLLR)."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256()  # the corpus fingerprint: (id, audio checksum, normalised text) of each, in id order
     rates: Counter[int] = Counter()
     extras: dict[str, dict[str, Any]] = {}
     extra_speakers: dict[str, set[str]] = {}
