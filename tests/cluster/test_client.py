@@ -74,15 +74,21 @@ def _half_sum(a: float, b: float) -> float:
 
 
 def test_reduced_results_combine_in_a_fixed_tree_on_the_workers(dask_client_1) -> None:
-    """run_reduced combines the shards' results pairwise in shard order (a tree that does not depend on which
-    shard finishes first), returns only the total, and raises a shard's error."""
+    """run_reduced folds the shards' results in chains of consecutive shards, then combines the chains pairwise
+    (a shape that does not depend on which shard finishes first), returns only the total, and raises a shard's
+    error."""
     from asrflow.cluster import run_reduced
 
     assert run_reduced(dask_client_1, _as_list, list(range(7)), combine=_join) == list(range(7))
     assert run_reduced(dask_client_1, _as_list, [5], combine=_join) == [5]
-    # a non-associative combination shows the tree: ((0,1),(2,3)),((4,5),6)
+    # a non-associative combination shows the shape: with a chain per shard, a binary tree ((0,1),(2,3)),((4,5),6)
     tree = _half_sum(_half_sum(_half_sum(0, 1), _half_sum(2, 3)), _half_sum(_half_sum(4, 5), 6))
     assert run_reduced(dask_client_1, float, list(range(7)), combine=_half_sum) == tree
+    # three chains of three shards folded in order, then the tree over the chains: ((012),(345)),(6)
+    chain = [_half_sum(_half_sum(a, a + 1), a + 2) for a in (0, 3)]
+    folded = _half_sum(_half_sum(chain[0], chain[1]), 6.0)
+    assert run_reduced(dask_client_1, float, list(range(7)), combine=_half_sum, chains=3) == folded
+    assert run_reduced(dask_client_1, _as_list, list(range(7)), combine=_join, chains=3) == list(range(7))
     with pytest.raises(ValueError, match="shard 3 is broken"):
         run_reduced(dask_client_1, _fail_on_three, list(range(5)), combine=_join, retries=0)
     with pytest.raises(ValueError, match="no shards"):

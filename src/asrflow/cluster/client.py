@@ -328,6 +328,11 @@ def stream_sharded(
             yield oldest()
 
 
+#: Chains a reduction folds its shards into (in shard order) before a binary tree sums the chains: a fixed number,
+#: so the tree's depth, and the partial results a worker holds, do not grow with the corpus.
+REDUCE_CHAINS = 16
+
+
 def run_reduced(
     client: Any,
     fn: Callable[..., R],
@@ -338,16 +343,19 @@ def run_reduced(
     desc: str = "",
     unit: str = "utt",
     retries: int = 2,
+    chains: int = REDUCE_CHAINS,
     **kwargs: Any,
 ) -> R:
     """``fn(shard, *args, **kwargs)`` for each shard, combined on the workers; only the total reaches the driver.
 
-    The results are combined pairwise in a fixed binary tree over the shard order (``combine(left,
-    right)``, as Kaldi sums accumulators with ``gmm-sum-accs``), so the total is the same whatever the
-    workers or the order the shards finish in. A combination outranks every shard not yet started (Dask
-    priority: its depth in the tree), so it runs as soon as its two inputs exist, and a worker holds a few
-    results per level of the tree (about log2 of the shards), not every shard's: each shard's result is
-    released as soon as its combination has it.
+    The shards are cut into ``chains`` runs of consecutive shards; each run's results are folded in shard order
+    (``combine(combine(r0, r1), r2)``, ... as Kaldi's ``gmm-sum-accs`` adds one job's accumulator after
+    another), and the runs' totals are combined pairwise in a fixed binary tree. The shape depends only on the
+    number of shards, so the total is the same whatever the workers or the order the shards finish in. A
+    combination outranks every shard not yet started (Dask priority), so it runs as soon as its inputs exist,
+    and each shard's result is released as soon as its combination has it: a worker holds a running sum per
+    chain it serves and a few partial sums of the tree (its depth, log2 of ``chains``, whatever the corpus),
+    not a result per shard, nor a partial sum per level of a tree over every shard.
     """
     from dask.distributed import as_completed
 
@@ -361,7 +369,17 @@ def run_reduced(
                             allow_other_workers=True, **kwargs)
               for i, s in enumerate(shards)]
     count = {f.key: units[i] for i, f in enumerate(leaves)}
-    level, depth = list(leaves), 0
+    size = -(-len(leaves) // max(1, chains))  # shards per chain
+    starts = range(0, len(leaves), size)
+    keeper = homes(client, len(starts))  # each chain's running sum stays on one worker
+    level = []
+    for c, start in enumerate(starts):
+        total = leaves[start]
+        for i in range(start + 1, min(start + size, len(leaves))):
+            total = client.submit(combine, total, leaves[i], pure=False, retries=retries, key=f"{name}-{token}-fold{i}",
+                                  workers=keeper[c], allow_other_workers=True, priority=1)
+        level.append(total)
+    depth = 1
     while len(level) > 1:
         depth += 1
         level = [client.submit(combine, level[i], level[i + 1], pure=False, retries=retries,
@@ -370,7 +388,7 @@ def run_reduced(
                  for i in range(0, len(level), 2)]
     root = level[0]
     pending = as_completed(leaves)
-    del leaves, level
+    del leaves, level, total
     with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
               disable=None if sys.stderr.isatty() else False) as bar:
         for future in pending:
