@@ -3,10 +3,14 @@ the speed-perturbed copies of the training split with the trained model; speaker
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
+import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -71,12 +75,35 @@ def test_mono_trains_and_logs_each_iteration(yesno, dask_client_1) -> None:
     assert len(result.alignments) == 31 and not result.failed
 
 
+def _subset_reference(frames: dict[str, int], utt2spk: dict[str, str], count: int, by: str) -> set[str]:
+    """The subset by its definition, from whole tables (``utils/subset_data_dir.sh``)."""
+    if by == "shortest":
+        return set(sorted(frames, key=lambda u: (frames[u], u))[:count])
+    by_speaker: dict[str, list[str]] = {}
+    for utt in sorted(frames):
+        by_speaker.setdefault(utt2spk[utt], []).append(utt)
+    turns = itertools.zip_longest(*(by_speaker[s] for s in sorted(by_speaker)))
+    return set([u for turn in turns for u in turn if u is not None][:count])
+
+
 def test_subsets_take_the_shortest_or_each_speaker_in_turn() -> None:
     frames = {"a1": 50, "a2": 10, "a3": 30, "b1": 40, "b2": 20, "c1": 60}
     utt2spk = {u: u[0] for u in frames}
-    assert subset_utterances(frames, utt2spk, 3, "shortest") == {"a2", "b2", "a3"}
-    assert subset_utterances(frames, utt2spk, 4, "speakers") == {"a1", "b1", "c1", "a2"}
-    assert subset_utterances(frames, utt2spk, 10, "speakers") == set(frames)
+
+    def rows(table: dict[str, int] = frames) -> Iterator[tuple[str, int, str]]:
+        return ((u, table[u], utt2spk[u]) for u in sorted(table))
+
+    assert subset_utterances(rows, 3, "shortest") == {"a2", "b2", "a3"}
+    assert subset_utterances(rows, 4, "speakers") == {"a1", "b1", "c1", "a2"}
+    assert subset_utterances(rows, 10, "speakers") == set(frames)
+    rng = random.Random(3)
+    for _ in range(50):  # the streamed subset is the one of the definition
+        table = {f"s{rng.randrange(8)}-{i:03d}": rng.randrange(1, 9) for i in range(rng.randrange(1, 60))}
+        utt2spk.update({u: u.split("-")[0] for u in table})
+        for count in (1, 5, 17, len(table)):
+            for by in ("shortest", "speakers"):
+                assert subset_utterances(lambda t=table: rows(t), count, by) == _subset_reference(
+                    table, utt2spk, count, by)
 
 
 class _Run:
@@ -470,19 +497,22 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     assert all(copied[u] == original[u.split("-", 1)[1]] for u in copied)
     result, _ = _train(config, shards, lang, dask_client_1)
     result.model.save(tmp_path / "mono")
+    config = copy.deepcopy(config)
+    config["gmm"]["mono"]["subset"] = 10  # the mono stage's pass: 10 utterances whatever the size
     lines = scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05, 0.1], 1,
                             log=QUIET, test_minutes=1.0, tune_utterances=3)
-    names = ["realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read", "lang", "lang_20k", "decode",
+    names = ["mono", "realign", "accumulate", "tree", "fmllr", "alignments", "nnet_read", "lang", "lang_20k", "decode",
              "score", "tune", "mlflow"]
     assert [line["stage"] for line in lines] == names * 2
     for line in lines:
         assert line["wall_s"] >= 0 and line["cpu_s"] >= 0 and line["peak_rss_driver_mb"] > 10, line
-        with_workers = line["stage"] in ("realign", "accumulate", "tree", "fmllr", "decode", "tune")
+        with_workers = line["stage"] in ("mono", "realign", "accumulate", "tree", "fmllr", "decode", "tune")
         assert (line["peak_rss_worker_mb"] is not None) == with_workers, line
     small, large = ({line["stage"]: line for line in lines[i:i + len(names)]} for i in (0, len(names)))
     assert small["realign"]["hours"] >= 0.05 and large["realign"]["hours"] >= 0.1
     assert large["realign"]["utterances"] > small["realign"]["utterances"]
     assert not small["realign"]["failed"] and not large["realign"]["failed"]
+    assert small["mono"]["subset"] == large["mono"]["subset"] == 10 and not large["mono"]["failed"]
     assert small["accumulate"]["reduced_mb"] == large["accumulate"]["reduced_mb"]  # the model's statistics only
     assert small["tree"]["leaves"] > 1 and 0 < large["fmllr"]["adapted"] <= large["fmllr"]["speakers"]
     assert large["alignments"]["alignments_mb"] > 0 and large["nnet_read"]["frames_per_second"] > 0

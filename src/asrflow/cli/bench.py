@@ -166,8 +166,8 @@ def register(sub: Any) -> Any:
     p.add_argument("--hours", default="3,10,30", help="comma-separated sizes in hours of audio")
     p.add_argument("--workers", type=int, default=2, help="Dask worker processes")
     p.add_argument("--stages", default=None, help="comma-separated stages to run, with those they need (default: "
-                   "all of import,features,realign,accumulate,tree,fmllr,alignments,nnet_read,lang,lang_20k,decode,"
-                   "score,tune,mlflow)")
+                   "all of import,features,mono,realign,accumulate,tree,fmllr,alignments,nnet_read,lang,lang_20k,"
+                   "decode,score,tune,mlflow)")
     p.add_argument("--audio-cache", default=None, help="where the sized corpora's perturbed audio is written once "
                    "and reused (the import stage; without it, sizes replicate the split's stored features)")
     p.add_argument("--test", default="test", help="the split of --data/--features every size decodes")

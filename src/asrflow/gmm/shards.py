@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import sys
 import zlib
-from collections.abc import Iterator
-from itertools import zip_longest
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kaldiio
 
 from asrflow.data.datadir import read_table
-from asrflow.data.tables import Unsorted, drain, lookup, sorted_rows
+from asrflow.data.tables import Unsorted, drain, lookup, ordered_rows, sorted_rows
 from asrflow.features import Projection
 from asrflow.features.ark import read_scp
 from asrflow.gmm.estep import Shard
@@ -92,29 +93,55 @@ def _split(data_dir: Path, feats_dir: Path, lang_dir: str | Path, split: str, sh
             for i, s in enumerate(out)]
 
 
-def subset_utterances(frames: dict[str, int], utt2spk: dict[str, str], count: int, by: str) -> set[str]:
+Utterances = Callable[[], Iterator[tuple[str, int, str]]]
+
+
+def subset_utterances(rows: Utterances, count: int, by: str) -> set[str]:
     """``count`` utterances of a split (Kaldi's ``utils/subset_data_dir.sh``): ``shortest``, the fewest frames
-    (ties by id); ``speakers``, each speaker's first utterance in turn, then each one's second, and so on."""
+    (ties by id); ``speakers``, each speaker's first utterance in turn (speakers in id order), then each one's
+    second, and so on. ``rows()`` gives ``(utterance, frames, speaker)`` in utterance order, afresh at each
+    call; the split is read in a few passes and only the subset and a count per speaker are held."""
     if by == "shortest":
-        return set(sorted(frames, key=lambda u: (frames[u], u))[:count])
+        return {utt for _, utt in heapq.nsmallest(count, ((frames, utt) for utt, frames, _ in rows()))}
     if by != "speakers":
         raise ValueError(f"unknown subset kind {by!r}: shortest or speakers")
-    by_speaker: dict[str, list[str]] = {}
-    for utt in sorted(frames):
-        by_speaker.setdefault(utt2spk[utt], []).append(utt)
-    turns = zip_longest(*(by_speaker[s] for s in sorted(by_speaker)))
-    return set([u for turn in turns for u in turn if u is not None][:count])
+    per_speaker = Counter(spk for _, _, spk in rows())
+    turns = _turns(sorted(per_speaker.values()), count)
+    seen: Counter = Counter()
+    kept = []
+    for utt, _, spk in rows():
+        if seen[spk] < turns:
+            kept.append((seen[spk], spk, utt))
+        seen[spk] += 1
+    return {utt for _, _, utt in sorted(kept)[:count]}
+
+
+def _turns(counts: list[int], count: int) -> int:
+    """The fewest turns (utterances a speaker at most) that give ``count`` utterances from speakers with
+    ``counts`` utterances each (sorted), or every utterance when they hold fewer."""
+    low, high = 0, counts[-1] if counts else 0
+    while low < high:
+        middle = (low + high) // 2
+        if sum(min(c, middle) for c in counts) >= count:
+            high = middle
+        else:
+            low = middle + 1
+    return high
 
 
 def split_subset(data_dir: str | Path, feats_dir: str | Path, split: str, count: int, by: str,
                  only: set[str] | None = None) -> set[str] | None:
     """The utterances of ``split`` with features (those in ``only`` if given) that :func:`subset_utterances` picks
-    (their frame counts from ``utt2num_frames``); None when ``count`` covers them all."""
-    lengths = {u: int(n) for u, n in read_table(Path(feats_dir) / split / "utt2num_frames").items()}
-    utts = set(read_table(Path(data_dir) / split / "text")) & set(lengths)
-    if only is not None:
-        utts &= only
-    if count >= len(utts):
+    (their frame counts from ``utt2num_frames``, speakers from ``utt2spk``, the tables read a line at a time);
+    None when ``count`` covers them all."""
+    def rows() -> Iterator[tuple[str, int, str]]:
+        frames = lookup(ordered_rows(Path(feats_dir) / split / "utt2num_frames"))
+        speaker = lookup(ordered_rows(Path(data_dir) / split / "utt2spk"))
+        for utt, _ in ordered_rows(Path(data_dir) / split / "text"):
+            length = frames(utt)
+            if length is not None and (only is None or utt in only):
+                yield utt, int(length), speaker(utt) or utt
+
+    if count >= sum(1 for _ in rows()):
         return None
-    utt2spk = read_table(Path(data_dir) / split / "utt2spk")
-    return subset_utterances({u: lengths[u] for u in utts}, utt2spk, count, by)
+    return subset_utterances(rows, count, by)

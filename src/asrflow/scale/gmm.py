@@ -1,5 +1,8 @@
 """The scale benchmark's GMM stages, with a trained system, and the networks' data path:
 
+- ``mono``: the monophone's subset picked (``gmm.mono.subset`` utterances, else :data:`MONO_SUBSET`, as
+  ``gmm.mono.subset_by`` chooses them), then one E-step that aligns it with the trained monophone (the
+  system's sibling ``mono``) and the M-step: a pass whose cost should not grow with the corpus;
 - ``realign``: one E-step that aligns every utterance (the workers write the alignments and sum the
   statistics);
 - ``accumulate``: one E-step from those alignments, then the M-step;
@@ -24,7 +27,9 @@ from asrflow.cluster import broadcast, run_reduced
 from asrflow.data.datadir import read_table
 from asrflow.features.ark import read_scp
 from asrflow.gmm.alignments import read_alignments, shard_alignments, write_alignments
+from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
+from asrflow.gmm.shards import split_shards, split_subset
 from asrflow.gmm.train import estep_task
 from asrflow.gmm.update import m_step, merge_results
 from asrflow.scale.size import Size
@@ -66,6 +71,24 @@ def replicate(data_dir: Path, feats_dir: Path, split: str, hours: float, out: Pa
             (out / "data" / split / name).write_text(
                 "".join(f"{spk} {table[spk.split('-', 1)[1]]}\n" for spk in sorted(speakers)))
     return {"utterances": len(lines["text"]), "speakers": len(speakers), "frames": total, "copies": copy}
+
+
+MONO_SUBSET = 2000  # utterances: Kaldi's large recipes train their monophone on the 2,000 shortest
+
+
+def _mono(size: Size, client: Any) -> dict[str, Any]:
+    cfg = size.config["gmm"]["mono"]
+    model_dir = size.model_dir.parent / "mono"
+    subset = split_subset(size.data, size.features, size.split, cfg["subset"] or MONO_SUBSET, cfg["subset_by"])
+    shards = split_shards(size.data, size.features, size.lang_dir, size.split, size.config["gmm"]["shard_utts"],
+                          only=subset, **gmm_features(model_dir))
+    model = GmmModel.load(model_dir)
+    blob = broadcast(client, model.to_bytes())
+    totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", size.options(),
+                         str(size.root / "mono.parts"), combine=merge_results, units=[len(s.utts) for s in shards],
+                         desc=f"mono-{size.hours:.0f}h")
+    m_step(model, totals, cfg["min_gaussian_occupancy"])
+    return {"subset": sum(len(s.utts) for s in shards), "frames": totals.frames, "failed": len(totals.failed)}
 
 
 def _realign(size: Size, client: Any) -> dict[str, Any]:

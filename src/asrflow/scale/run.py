@@ -33,7 +33,7 @@ StageFn = Callable[[Size, Any], dict[str, Any]]
 
 #: The stages in the order they run, each with whether it uses the workers.
 STAGES: dict[str, tuple[StageFn, bool]] = {
-    "import": (pipeline._import, True), "features": (pipeline._features, True),
+    "import": (pipeline._import, True), "features": (pipeline._features, True), "mono": (gmm._mono, True),
     "realign": (gmm._realign, True), "accumulate": (gmm._accumulate, True), "tree": (gmm._tree, True),
     "fmllr": (gmm._fmllr, True), "alignments": (gmm._alignments, False), "nnet_read": (gmm._nnet_read, False),
     "lang": (pipeline._lang, False), "lang_20k": (pipeline._lang_20k, False), "decode": (pipeline._decode, True),
