@@ -352,10 +352,12 @@ def run_reduced(
     (``combine(combine(r0, r1), r2)``, ... as Kaldi's ``gmm-sum-accs`` adds one job's accumulator after
     another), and the runs' totals are combined pairwise in a fixed binary tree. The shape depends only on the
     number of shards, so the total is the same whatever the workers or the order the shards finish in. A
-    combination outranks every shard not yet started (Dask priority), so it runs as soon as its inputs exist,
-    and each shard's result is released as soon as its combination has it: a worker holds a running sum per
-    chain it serves and a few partial sums of the tree (its depth, log2 of ``chains``, whatever the corpus),
-    not a result per shard, nor a partial sum per level of a tree over every shard.
+    chain's shards run on the worker that keeps its running sum, in shard order (Dask priority), and a
+    combination outranks every shard not yet started, so each result is folded as soon as it exists and released:
+    a worker holds the running sum of the chain it works on and a few chains' totals until the tree takes
+    them, whatever the corpus. (Shards run out of order, or a chain's shards spread over workers running at
+    different paces, would leave results waiting for their turn in the chain: a number that grows with the
+    shards of a chain, and so with the corpus.)
     """
     from dask.distributed import as_completed
 
@@ -364,14 +366,13 @@ def run_reduced(
     units = list(units) if units is not None else [1] * len(shards)
     token = uuid.uuid4().hex[:8]
     name = desc or fn.__name__
-    home = homes(client, len(shards))
-    leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", workers=home[i],
-                            allow_other_workers=True, **kwargs)
-              for i, s in enumerate(shards)]
+    size = -(-len(shards) // max(1, chains))  # shards per chain
+    starts = range(0, len(shards), size)
+    keeper = homes(client, len(starts))  # a chain's shards and its running sum on one worker
+    leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
+                            workers=keeper[i // size], allow_other_workers=True, priority=-i, **kwargs)
+              for i, s in enumerate(shards)]  # in shard order (Dask runs tasks of equal priority in any order)
     count = {f.key: units[i] for i, f in enumerate(leaves)}
-    size = -(-len(leaves) // max(1, chains))  # shards per chain
-    starts = range(0, len(leaves), size)
-    keeper = homes(client, len(starts))  # each chain's running sum stays on one worker
     level = []
     for c, start in enumerate(starts):
         total = leaves[start]
