@@ -83,20 +83,22 @@ def _mono(size: Size, client: Any) -> dict[str, Any]:
     shards = split_shards(size.data, size.features, size.lang_dir, size.split, size.config["gmm"]["shard_utts"],
                           only=subset, **gmm_features(model_dir))
     model = GmmModel.load(model_dir)
-    blob = broadcast(client, model.to_bytes())
-    totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", size.options(),
-                         str(size.root / "mono.parts"), combine=merge_results, units=[len(s.utts) for s in shards],
-                         desc=f"mono-{size.hours:.0f}h")
+    totals = _aligning_pass(size, client, model, shards, "mono")
     m_step(model, totals, cfg["min_gaussian_occupancy"])
     return {"subset": sum(len(s.utts) for s in shards), "frames": totals.frames, "failed": len(totals.failed)}
 
 
-def _realign(size: Size, client: Any) -> dict[str, Any]:
-    model, shards = GmmModel.load(size.model_dir), size.shards()
+def _aligning_pass(size: Size, client: Any, model: GmmModel, shards: list, name: str) -> Any:
+    """One E-step of ``model`` that aligns ``shards`` (archives in ``<root>/<name>.parts``), summed on the
+    workers."""
     blob = broadcast(client, model.to_bytes())
-    totals = run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", size.options(),
-                         str(size.root / "ali.parts"), combine=merge_results, units=[len(s.utts) for s in shards],
-                         desc=f"realign-{size.hours:.0f}h")
+    return run_reduced(client, estep_task, [(s, None) for s in shards], blob, "realign", size.options(),
+                       str(size.root / f"{name}.parts"), combine=merge_results, units=[len(s.utts) for s in shards],
+                       desc=f"{name}-{size.hours:.0f}h")
+
+
+def _realign(size: Size, client: Any) -> dict[str, Any]:
+    totals = _aligning_pass(size, client, GmmModel.load(size.model_dir), size.shards(), "realign")
     with open(size.root / "refs.pkl", "wb") as f:
         pickle.dump(totals.alignments, f)
     return {"failed": len(totals.failed)}
