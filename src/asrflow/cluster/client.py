@@ -224,6 +224,12 @@ def homes(client: Any, count: int) -> list[list[str] | None]:
     return [[workers[i % len(workers)]] if workers else None for i in range(count)]
 
 
+def placed(home: list[str] | None) -> dict[str, Any]:
+    """``client.submit`` arguments that prefer the worker ``home`` (a loose preference), or nothing when no
+    worker is known (Dask refuses ``allow_other_workers`` without ``workers``)."""
+    return {"workers": home, "allow_other_workers": True} if home else {}
+
+
 def run_sharded(
     client: Any,
     fn: Callable[..., R],
@@ -267,8 +273,7 @@ def iter_sharded(
     name = desc or fn.__name__
     home = homes(client, len(shards))
     futures = [
-        client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", workers=home[i],
-                      allow_other_workers=True, **kwargs)
+        client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", **placed(home[i]), **kwargs)
         for i, s in enumerate(shards)
     ]
     index = {f.key: i for i, f in enumerate(futures)}
@@ -321,7 +326,7 @@ def stream_sharded(
         for i, item in enumerate(shards):
             home = [workers[i % len(workers)]] if workers else None
             pending.append((client.submit(fn, item, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
-                                          workers=home, allow_other_workers=True, **kwargs), units(item)))
+                                          **placed(home), **kwargs), units(item)))
             if len(pending) >= window:
                 yield oldest()
         while pending:
@@ -370,7 +375,7 @@ def run_reduced(
     starts = range(0, len(shards), size)
     keeper = homes(client, len(starts))  # a chain's shards and its running sum on one worker
     leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
-                            workers=keeper[i // size], allow_other_workers=True, priority=-i, **kwargs)
+                            **placed(keeper[i // size]), priority=-i, **kwargs)
               for i, s in enumerate(shards)]  # in shard order (Dask runs tasks of equal priority in any order)
     count = {f.key: units[i] for i, f in enumerate(leaves)}
     level = []
@@ -378,7 +383,7 @@ def run_reduced(
         total = leaves[start]
         for i in range(start + 1, min(start + size, len(leaves))):
             total = client.submit(combine, total, leaves[i], pure=False, retries=retries, key=f"{name}-{token}-fold{i}",
-                                  workers=keeper[c], allow_other_workers=True, priority=1)
+                                  **placed(keeper[c]), priority=1)
         level.append(total)
     depth = 1
     while len(level) > 1:
