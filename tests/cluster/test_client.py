@@ -217,3 +217,38 @@ def test_stream_sharded_keeps_shard_order_and_a_bounded_window(dask_client_1) ->
     assert [x for r in out for x in r] == [i * i for i in range(23)] and [len(r) for r in out] == [4] * 5 + [3]
     with pytest.raises(ValueError, match="at least 1"):
         list(chunks([1], 0))
+
+
+def test_the_feed_gives_each_worker_its_own_shards_a_few_at_a_time() -> None:
+    """Each worker gets its own shards in order, two ahead, one more as each finishes; a worker done with its own
+    helps one that has more left than it holds ahead, never one that is nearly done."""
+    from asrflow.cluster.client import Feed
+
+    home = [["a"] if i % 2 == 0 else ["b"] for i in range(12)]
+    feed = Feed(home)
+    assert feed.first() == [(0, ["a"]), (1, ["b"]), (2, ["a"]), (3, ["b"])] and feed.left == 8
+    assert feed.after(0) == (4, ["a"]) and feed.after(1) == (5, ["b"])
+    for done in (2, 4, 6):  # worker a runs ahead: its own until they run out...
+        assert feed.after(done) == (done + 4, ["a"])
+    assert feed.after(8) == (7, ["a"])  # ...then b's next, b having three left
+    assert feed.after(10) is None and feed.left == 2  # b's last two stay with b
+    assert feed.after(3) == (9, ["b"]) and feed.after(5) == (11, ["b"]) and feed.after(7) is None
+    assert Feed([None] * 3).first() == [(0, None), (1, None)]
+
+
+def _tasks_here(_: object) -> int:
+    from distributed import get_worker
+
+    return sum(task.state != "released" for task in get_worker().state.tasks.values())  # released: being forgotten
+
+
+def test_a_worker_holds_a_few_shards_to_come_not_its_share_of_the_corpus() -> None:
+    """run_reduced and run_sharded submit each worker's shards a few at a time: the tasks a worker knows of stay
+    bounded (all at once, each would hold half of the 60 shards' arguments)."""
+    from asrflow.cluster import run_reduced
+
+    cfg = {"cluster": "local", "address": None, "workers": 2, "host": "127.0.0.1", "dashboard": False,
+           "single_worker_thread": False, "cache_mb": 3}
+    with dask_client(cfg, log=lambda *_: None) as client:
+        assert run_reduced(client, _tasks_here, list(range(60)), combine=max, chains=2) <= 8
+        assert max(run_sharded(client, _tasks_here, list(range(60)))) <= 8

@@ -230,6 +230,48 @@ def placed(home: list[str] | None) -> dict[str, Any]:
     return {"workers": home, "allow_other_workers": True} if home else {}
 
 
+#: Shards given to a worker ahead of the one it runs: enough that it never waits for the driver, few enough that
+#: what a worker holds of the work to come (its tasks' arguments) does not grow with the corpus. (Dask sends a
+#: task with a worker preference to that worker at once: submitted together, every shard's arguments would wait
+#: in its worker's memory.)
+AHEAD = 2
+
+
+class Feed:
+    """The order shards are submitted in: each worker's own shards (``home``, from :func:`homes`) in shard order,
+    :data:`AHEAD` of them at first and one more each time one of them finishes. A worker that has run all its own
+    then takes the next shard of the worker with the most left, when that one has more left than it holds ahead
+    (Dask cannot steal shards not yet submitted); otherwise shards keep their worker, and its caches serve them."""
+
+    def __init__(self, home: Sequence[list[str] | None], ahead: int = AHEAD) -> None:
+        self.home = list(home)
+        self.ahead = ahead
+        self.queues: dict[str, deque[int]] = {}
+        for i, where in enumerate(self.home):
+            self.queues.setdefault(where[0] if where else "", deque()).append(i)
+
+    @property
+    def left(self) -> int:
+        """Shards not submitted yet."""
+        return sum(len(queue) for queue in self.queues.values())
+
+    def first(self) -> list[tuple[int, list[str] | None]]:
+        """The shards to submit at the start, each with the worker it goes to: the first ``ahead`` of every
+        worker's, in shard order."""
+        first = [queue.popleft() for queue in self.queues.values() for _ in range(min(self.ahead, len(queue)))]
+        return [(i, self.home[i]) for i in sorted(first)]
+
+    def after(self, done: int) -> tuple[int, list[str] | None] | None:
+        """The shard to submit now that shard ``done`` has finished, with the worker it goes to (``done``'s home);
+        None when every shard has been submitted."""
+        where = self.home[done]
+        queue = self.queues.get(where[0] if where else "")
+        if not queue:  # help the worker furthest behind, when it has more left than it holds ahead
+            queue = max(self.queues.values(), key=len)
+            queue = queue if len(queue) > self.ahead else None
+        return (queue.popleft(), where) if queue else None
+
+
 def run_sharded(
     client: Any,
     fn: Callable[..., R],
@@ -242,7 +284,7 @@ def run_sharded(
     **kwargs: Any,
 ) -> list[R]:
     """Run ``fn(shard, *args, **kwargs)`` for each shard on the cluster, shard ``i`` on its home worker
-    (:func:`homes`); results in shard order.
+    (:func:`homes`), a few at a time (:class:`Feed`); results in shard order.
 
     A progress bar (stderr) counts ``units`` (for example utterances per shard) as shards finish.
     """
@@ -271,20 +313,24 @@ def iter_sharded(
     units = list(units) if units is not None else [1] * len(shards)
     token = uuid.uuid4().hex[:8]
     name = desc or fn.__name__
-    home = homes(client, len(shards))
-    futures = [
-        client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}", **placed(home[i]), **kwargs)
-        for i, s in enumerate(shards)
-    ]
-    index = {f.key: i for i, f in enumerate(futures)}
-    pending = as_completed(futures)
-    del futures
+    feed = Feed(homes(client, len(shards)))
+    index: dict[str, int] = {}
+
+    def submit(i: int, where: list[str] | None) -> Any:
+        future = client.submit(fn, shards[i], *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
+                               priority=-i, **placed(where), **kwargs)
+        index[future.key] = i
+        return future
+
+    pending = as_completed([submit(i, where) for i, where in feed.first()])
     with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
               disable=None if sys.stderr.isatty() else False) as bar:
         for future in pending:
-            i = index[future.key]
+            i = index.pop(future.key)
             result = future.result()
             future.release()
+            if (following := feed.after(i)) is not None:
+                pending.add(submit(*following))
             bar.update(units[i])
             yield i, result
 
@@ -357,12 +403,12 @@ def run_reduced(
     (``combine(combine(r0, r1), r2)``, ... as Kaldi's ``gmm-sum-accs`` adds one job's accumulator after
     another), and the runs' totals are combined pairwise in a fixed binary tree. The shape depends only on the
     number of shards, so the total is the same whatever the workers or the order the shards finish in. A
-    chain's shards run on the worker that keeps its running sum, in shard order (Dask priority), and a
-    combination outranks every shard not yet started, so each result is folded as soon as it exists and released:
-    a worker holds the running sum of the chain it works on and a few chains' totals until the tree takes
-    them, whatever the corpus. (Shards run out of order, or a chain's shards spread over workers running at
-    different paces, would leave results waiting for their turn in the chain: a number that grows with the
-    shards of a chain, and so with the corpus.)
+    chain's shards run on the worker that keeps its running sum, in shard order, a few submitted at a time
+    (:class:`Feed`), and a combination outranks every shard not yet started, so each result is folded as soon as
+    it exists and released: a worker holds the running sum of the chain it works on, a few chains' totals until
+    the tree takes them and the arguments of a few shards to come, whatever the corpus. (Shards run out of
+    order, or a chain's shards spread over workers running at different paces, would leave results waiting for
+    their turn in the chain: a number that grows with the shards of a chain, and so with the corpus.)
     """
     from dask.distributed import as_completed
 
@@ -372,38 +418,67 @@ def run_reduced(
     token = uuid.uuid4().hex[:8]
     name = desc or fn.__name__
     size = -(-len(shards) // max(1, chains))  # shards per chain
-    starts = range(0, len(shards), size)
-    keeper = homes(client, len(starts))  # a chain's shards and its running sum on one worker
-    leaves = [client.submit(fn, s, *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
-                            **placed(keeper[i // size]), priority=-i, **kwargs)
-              for i, s in enumerate(shards)]  # in shard order (Dask runs tasks of equal priority in any order)
-    count = {f.key: units[i] for i, f in enumerate(leaves)}
-    level = []
-    for c, start in enumerate(starts):
-        total = leaves[start]
-        for i in range(start + 1, min(start + size, len(leaves))):
-            total = client.submit(combine, total, leaves[i], pure=False, retries=retries, key=f"{name}-{token}-fold{i}",
-                                  **placed(keeper[c]), priority=1)
-        level.append(total)
-    depth = 1
-    while len(level) > 1:
-        depth += 1
-        level = [client.submit(combine, level[i], level[i + 1], pure=False, retries=retries,
-                               key=f"{name}-{token}-sum{depth}-{i // 2}", priority=depth)
-                 if i + 1 < len(level) else level[i]
-                 for i in range(0, len(level), 2)]
-    root = level[0]
-    pending = as_completed(leaves)
-    del leaves, level, total
+    keeper = homes(client, -(-len(shards) // size))  # a chain's shards and its running sum on one worker
+    feed = Feed([keeper[i // size] for i in range(len(shards))])
+    totals: list[Any] = [None] * len(keeper)  # each chain's running sum so far
+    tree = SumTree(len(keeper), lambda left, right, depth, j: client.submit(
+        combine, left, right, pure=False, retries=retries, key=f"{name}-{token}-sum{depth}-{j}", priority=depth))
+    index: dict[str, int] = {}
+
+    def submit(i: int, where: list[str] | None) -> Any:
+        """Shard ``i``'s task and its fold into its chain's running sum (the chain's shards come in order); the
+        chain's total to the tree after its last shard."""
+        leaf = client.submit(fn, shards[i], *args, pure=False, retries=retries, key=f"{name}-{token}-{i}",
+                             **placed(where), priority=-i, **kwargs)
+        index[leaf.key] = i
+        c = i // size
+        totals[c] = leaf if totals[c] is None else client.submit(
+            combine, totals[c], leaf, pure=False, retries=retries, key=f"{name}-{token}-fold{i}",
+            **placed(keeper[c]), priority=1)
+        if i == min((c + 1) * size, len(shards)) - 1:  # the chain's total: the tree's from now on
+            tree.put(c, totals[c])
+            totals[c] = None
+        return leaf
+
+    pending = as_completed([submit(i, where) for i, where in feed.first()])
     with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
               disable=None if sys.stderr.isatty() else False) as bar:
         for future in pending:
             if future.status == "error":
                 future.result()  # raises the shard's error
-            bar.update(count[future.key])
-            if future.key != root.key:  # a single shard is its own total
-                future.release()
-    return root.result()
+            i = index.pop(future.key)
+            if (following := feed.after(i)) is not None:
+                pending.add(submit(*following))
+            bar.update(units[i])
+            del future  # released when no fold or combination still to submit holds it
+    return tree.root.result()
+
+
+class SumTree:
+    """The chains' totals combined pairwise in a fixed binary tree (``((c0, c1), (c2, c3)), c4``: an odd last node
+    goes up as it is), each combination submitted as soon as both its halves are final, so that totals do not
+    wait on the workers for chains still running elsewhere."""
+
+    def __init__(self, count: int, pair: Callable[[Any, Any, int, int], Any]) -> None:
+        self.pair = pair  # (left, right, depth, node) -> the future of their combination (depth 2: the chains')
+        self.sizes = [count]
+        while self.sizes[-1] > 1:
+            self.sizes.append(-(-self.sizes[-1] // 2))
+        self.waiting: dict[tuple[int, int], Any] = {}
+        self.root: Any = None
+
+    def put(self, j: int, total: Any, level: int = 0) -> None:
+        """Node ``j`` of ``level`` (0: the chains) is final."""
+        size = self.sizes[level]
+        if size == 1:
+            self.root = total
+        elif j == size - 1 and size % 2:
+            self.put(j // 2, total, level + 1)
+        elif (sibling := self.waiting.pop((level, j ^ 1), None)) is None:
+            self.waiting[(level, j)] = total
+        else:
+            left, right = (total, sibling) if j % 2 == 0 else (sibling, total)
+            self.put(j // 2, self.pair(left, right, level + 2, j // 2), level + 1)
 
 
 def broadcast(client: Any, data: Any, attempts: int = 3) -> Any:
