@@ -8,8 +8,11 @@ import numpy as np
 
 from asrflow.gmm.alignments import (
     StoredAlignments,
+    Written,
+    archive_index,
     load_alignment,
     read_alignments,
+    references,
     shard_alignments,
     write_alignments,
     write_archive,
@@ -25,7 +28,8 @@ def test_a_shard_archive_is_read_back_by_its_references(tmp_path: Path) -> None:
         # a Kaldi rxfilename: kaldiio (as Kaldi's tools) reads it as an int32 vector
         np.testing.assert_array_equal(kaldiio.load_mat(ref), vectors[utt])
         assert load_alignment(ref).dtype == np.int32
-    assert [p.name for p in (tmp_path / "ali.1").iterdir()] == ["shard.ark"]  # no temporary file left
+    assert sorted(p.name for p in (tmp_path / "ali.1").iterdir()) == ["shard.ark", "shard.scp"]  # no temporary file
+    assert dict(kaldiio.load_scp(str(archive_index(tmp_path / "ali.1" / "shard.ark"))))["u2"].tolist() == [5, 6, 7]
     stored = StoredAlignments(refs)
     assert len(stored) == 2 and "u1" in stored and "u3" not in stored
     np.testing.assert_array_equal(stored["u2"], [5, 6, 7])
@@ -55,3 +59,18 @@ def test_an_alignment_folder_is_written_from_references_and_read_lazily(tmp_path
     np.testing.assert_array_equal(read_alignments(tmp_path / "ali", "pdfs")["b"], [10, 20, 20])
     np.testing.assert_array_equal(read_alignments(tmp_path / "ali", "phones")["a"], [2, 2])
     assert dict(kaldiio.load_scp(str(tmp_path / "ali" / "transition_ids.scp")))["b"].tolist() == [1, 2, 2]
+
+
+def test_written_archives_add_up_to_their_indexes_and_give_every_reference(tmp_path: Path) -> None:
+    """What a reduction carries of written alignments is the archives' indexes in shard order, however many
+    utterances they hold; the driver reads the references from them."""
+    first = write_archive(tmp_path / "0.ark", {"u1": np.arange(3), "u2": np.arange(4)})
+    second = write_archive(tmp_path / "1.ark", {"u3": np.arange(2)})
+    written = Written((str(archive_index(tmp_path / "0.ark")),)) + Written((str(archive_index(tmp_path / "1.ark")),))
+    assert written.indexes == (str(tmp_path / "0.scp"), str(tmp_path / "1.scp"))
+    assert references(written) == {**first, **second} == dict(written.entries())
+    stored = StoredAlignments(written)
+    assert stored.refs == {**first, **second}
+    np.testing.assert_array_equal(stored["u3"], [0, 1])
+    assert Written() + written == written
+    assert len(pickle.dumps(written)) < 100 + sum(map(len, written.indexes))  # the paths, nothing per utterance

@@ -12,17 +12,20 @@ text). Readers get a mapping that loads one utterance's vector when asked for it
 shard's worth is 4 bytes a frame.
 
 While a GMM trains, the alignments never gather on the driver: each E-step task writes its shard's
-new alignments into an archive of its own (:func:`write_archive`, in the training's state folder)
-and returns only where each utterance's vector is (``<archive>:<offset>``, an ``.scp`` value); the
-next tasks get those references (:func:`shard_alignments`) and read the vectors themselves
-(:func:`load_alignment`).
+new alignments into an archive of its own with its ``.scp`` index (:func:`write_archive`, in the
+training's state folder) and returns only the index's path (:class:`Written`), so that what a reduction
+carries to the driver is a path a shard, not a reference an utterance; the driver reads where each
+utterance's vector is (``<archive>:<offset>``) from the indexes, the next tasks get those references
+(:func:`shard_alignments`) and read the vectors themselves (:func:`load_alignment`).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import kaldiio
@@ -60,9 +63,11 @@ class StoredAlignments(Mapping):
         if refs:
             self.update(refs)
 
-    def update(self, refs: Mapping[str, str] | StoredAlignments | Iterable[tuple[str, str]]) -> None:
-        """Add (or replace) references: ``utterance → <archive>:<offset>`` (a mapping or its pairs), or another
-        store's."""
+    def update(self, refs: Mapping[str, str] | StoredAlignments | Written | Iterable[tuple[str, str]]) -> None:
+        """Add (or replace) references: ``utterance → <archive>:<offset>`` (a mapping or its pairs), another
+        store's, or those in written archives' indexes."""
+        if isinstance(refs, Written):
+            refs = refs.entries()
         if isinstance(refs, StoredAlignments):
             for utt in refs._where:
                 self._add(utt, *refs._place(utt))
@@ -114,9 +119,27 @@ class StoredAlignments(Mapping):
         return utt in self._where
 
 
-def references(alignments: Mapping[str, Alignment]) -> dict[str, Alignment]:
-    """What a mapping of alignments holds, without reading any: a store's references, else the mapping's own
-    values (vectors or references)."""
+@dataclass(frozen=True)
+class Written:
+    """Alignments tasks wrote: the ``.scp`` index of each archive, in shard order. What an aligning task returns
+    and a reduction adds up (a concatenation): a path a shard, however many utterances it holds."""
+
+    indexes: tuple[str, ...] = ()
+
+    def __add__(self, other: Written) -> Written:
+        return Written(self.indexes + other.indexes)
+
+    def entries(self) -> Iterator[tuple[str, str]]:
+        """``(utterance, <archive>:<offset>)`` of every archive, a line at a time."""
+        for index in self.indexes:
+            yield from scp_entries(index)
+
+
+def references(alignments: Mapping[str, Alignment] | Written) -> dict[str, Alignment]:
+    """What a mapping of alignments holds, without reading any: a store's or written archives' references, else
+    the mapping's own values (vectors or references)."""
+    if isinstance(alignments, Written):
+        return dict(alignments.entries())
     return alignments.refs if isinstance(alignments, StoredAlignments) else dict(alignments)
 
 
@@ -129,15 +152,25 @@ def shard_alignments(alignments: Mapping[str, np.ndarray], utts: Iterable[str]) 
 
 
 def write_archive(path: str | Path, alignments: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """Write ``alignments`` (sorted by utterance) into the one archive ``path`` and return where each vector is.
+    """Write ``alignments`` (sorted by utterance) into the one archive ``path`` and its index
+    (:func:`archive_index`); return where each vector is.
 
-    Written under a temporary name and renamed, so a task that runs twice (a retry, a lost worker) leaves
-    one whole archive, never a torn one.
+    Each is written under a temporary name and renamed, the archive first, so a task that runs twice (a retry, a
+    lost worker) leaves one whole archive and index, never a torn one.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = write_ark(path, ((utt, vector_bytes(alignments[utt])) for utt in sorted(alignments)))
+    index = archive_index(path)
+    tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, index)
     return dict(line.split(" ", 1) for line in lines)
+
+
+def archive_index(path: str | Path) -> Path:
+    """The ``.scp`` index :func:`write_archive` writes beside archive ``path``."""
+    return Path(path).with_suffix(".scp")
 
 
 def vector_bytes(vector: np.ndarray) -> bytes:

@@ -4,8 +4,8 @@ Every task is a pure function of (model, shard, alignments): it may run on any w
 twice, or after a worker died, and give the same statistics. Workers only *cache* what
 they can rebuild (compiled training graphs), within ``dask.cache_mb``
 (:mod:`asrflow.cluster.cache`); features are read again on every pass. Alignments live in archives: a task
-that aligns writes its shard's into one (:func:`asrflow.gmm.alignments.write_archive`) and returns
-where they are; a task that accumulates is given those references and reads them.
+that aligns writes its shard's into one with its index (:func:`asrflow.gmm.alignments.write_archive`) and
+returns the index's path; a task that accumulates is given the references and reads them.
 
 Tasks return plain numpy arrays (the wheels' accumulators do not pickle): per-Gaussian
 occupancy, first and second-order sums in the model's flat Gaussian order, transition
@@ -26,7 +26,7 @@ import numpy as np
 
 from asrflow.cluster.cache import Cache
 from asrflow.features import Projection, add_deltas, apply_cmvn, load
-from asrflow.gmm.alignments import Alignment, StoredAlignments, load_alignment, write_archive
+from asrflow.gmm.alignments import Alignment, Written, archive_index, load_alignment, write_archive
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import kfst, khg
 
@@ -99,7 +99,7 @@ class EStepResult:
     trans: np.ndarray
     like: float
     frames: int
-    alignments: dict[str, Alignment] | None = None  # the shard's new ones (references once written)
+    alignments: dict[str, Alignment] | Written | None = None  # the shard's new ones (their index once written)
     failed: list[tuple[str, str]] = field(default_factory=list)
     retried: int = 0
     align_like: float = 0.0
@@ -234,7 +234,7 @@ def estep(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment] | No
     """One shard of an iteration. ``mode``: ``equal`` (flat start), ``realign``, ``accumulate``, or ``align``
     (Viterbi alignments only, no statistics: aligning a split with a finished model). ``alignments``: the
     shard's (accumulate), vectors or references; ``write_to``: the folder the new alignments are written to,
-    one archive per shard, the result then holding references to them."""
+    one archive per shard, the result then holding its index (:class:`~asrflow.gmm.alignments.Written`)."""
     start = time.perf_counter()
     model = GmmModel.from_bytes(model_blob)
     tree_id = tree_key(model)
@@ -265,7 +265,9 @@ def estep(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment] | No
     occ, sx, sx2, trans, like, frames = accumulate(model, kept_feats, kept_ali)
     aligned = sum(len(a) for a in new.values())
     if mode != "accumulate" and write_to is not None:
-        new = StoredAlignments(write_archive(f"{write_to}/{archive_name(shard)}", new))
+        archive = f"{write_to}/{archive_name(shard)}"
+        write_archive(archive, new)
+        new = Written((str(archive_index(archive)),))
     return EStepResult(occ, sx, sx2, trans, like, frames, None if mode == "accumulate" else new, failed,
                        retried, align_like, time.perf_counter() - start, aligned)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asrflow.gmm.alignments import StoredAlignments
+from asrflow.gmm.alignments import Written
 from asrflow.gmm.estep import EStepResult
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import khg, khg_ext
@@ -19,10 +19,8 @@ def merge_results(left: EStepResult, right: EStepResult) -> EStepResult:
     """Two shards' (or sums') statistics added, their alignments and failures together (left's first): the
     combination :func:`asrflow.cluster.run_reduced` applies on the workers."""
     alignments = None
-    if isinstance(left.alignments, StoredAlignments) or isinstance(right.alignments, StoredAlignments):
-        alignments = StoredAlignments()  # references: kept compact through the reduction
-        for part in (left.alignments, right.alignments):
-            alignments.update(part or {})
+    if isinstance(left.alignments, Written) or isinstance(right.alignments, Written):
+        alignments = (left.alignments or Written()) + (right.alignments or Written())  # indexes: a path a shard
     elif left.alignments is not None or right.alignments is not None:
         alignments = {**(left.alignments or {}), **(right.alignments or {})}
     return EStepResult(left.occ + right.occ, left.x + right.x, left.x2 + right.x2, left.trans + right.trans,
