@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 
 class Unsorted(Exception):
@@ -142,10 +142,23 @@ def _run_lines(path: Path) -> Iterator[tuple[str, str]]:
 def atomic_text(path: str | Path) -> Iterator[TextIO]:
     """A text file to write, under a temporary name renamed to ``path`` when the block ends without an error
     (removed when it raises), so a reader never sees half of it."""
+    with _atomic(path, "w", encoding="utf-8", newline="\n") as out:
+        yield out
+
+
+@contextmanager
+def atomic_binary(path: str | Path) -> Iterator[BinaryIO]:
+    """:func:`atomic_text`'s binary file."""
+    with _atomic(path, "wb") as out:
+        yield out
+
+
+@contextmanager
+def _atomic(path: str | Path, mode: str, **options: str) -> Iterator[TextIO | BinaryIO]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+        with open(tmp, mode, **options) as out:
             yield out
         os.replace(tmp, path)
     finally:

@@ -21,16 +21,19 @@ utterance's vector is (``<archive>:<offset>``) from the indexes, the next tasks 
 
 from __future__ import annotations
 
-import io
 import os
+import struct
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import kaldiio
 import numpy as np
 
+from asrflow.data.tables import atomic_binary, atomic_text
 from asrflow.features.ark import scp_entries, write_ark
 
 #: The archives of an alignment folder.
@@ -41,9 +44,48 @@ KINDS = ("transition_ids", "pdfs", "phones")
 Alignment = np.ndarray | str
 
 
+#: One element of Kaldi's binary int32 vector: its width (4) then its value (``WriteBasicType`` of each).
+_ELEMENT = np.dtype([("width", "i1"), ("value", "<i4")])
+_HEADER = b"\0B\x04"  # binary mode, then the width of the size that follows
+
+
+def vector_bytes(vector: np.ndarray) -> bytes:
+    """Kaldi's binary encoding of an int32 vector, as ``copy-int-vector`` writes it: ``\\0B``, ``\\4<size>``,
+    then ``\\4<value>`` per element (built in one numpy pass; kaldiio writes it an element at a time)."""
+    values = np.asarray(vector).reshape(-1)
+    elements = np.empty(len(values), dtype=_ELEMENT)
+    elements["width"] = 4
+    elements["value"] = values
+    return _HEADER + struct.pack("<i", len(values)) + elements.tobytes()
+
+
+def read_vector(stream: BinaryIO, where: str = "") -> np.ndarray:
+    """The binary int32 vector at ``stream``'s position (the inverse of :func:`vector_bytes`); ``where``: named
+    in the error."""
+    header = stream.read(7)
+    if len(header) < 7 or header[:3] != _HEADER:
+        raise ValueError(f"{where}: not a Kaldi binary int32 vector")
+    size = struct.unpack("<i", header[3:])[0]
+    data = stream.read(5 * size) if size >= 0 else b""
+    if size < 0 or len(data) != 5 * size:
+        raise ValueError(f"{where}: a truncated or malformed int32 vector of {size} elements")
+    elements = np.frombuffer(data, dtype=_ELEMENT)
+    if (elements["width"] != 4).any():
+        raise ValueError(f"{where}: a truncated or malformed int32 vector of {size} elements")
+    return elements["value"].astype(np.int32)
+
+
 def load_alignment(value: Alignment) -> np.ndarray:
-    """The vector of an :data:`Alignment` (read from its archive when it is a reference)."""
-    return np.asarray(kaldiio.load_mat(value), dtype=np.int32) if isinstance(value, str) else value
+    """The vector of an :data:`Alignment` (read from its archive when it is a reference ``<archive>:<offset>``;
+    any other Kaldi rxfilename through kaldiio)."""
+    if not isinstance(value, str):
+        return value
+    archive, _, offset = value.rpartition(":")
+    if not offset.isdigit():
+        return np.asarray(kaldiio.load_mat(value), dtype=np.int32)
+    with open(archive, "rb") as stream:
+        stream.seek(int(offset))
+        return read_vector(stream, value)
 
 
 class StoredAlignments(Mapping):
@@ -173,29 +215,23 @@ def archive_index(path: str | Path) -> Path:
     return Path(path).with_suffix(".scp")
 
 
-def vector_bytes(vector: np.ndarray) -> bytes:
-    """Kaldi's binary encoding of an int32 vector (as ``copy-int-vector`` writes it; through kaldiio)."""
-    buffer = io.BytesIO()
-    kaldiio.save_mat(buffer, np.asarray(vector, dtype=np.int32))
-    return buffer.getvalue()
-
-
 def write_alignments(folder: str | Path, tid2pdf: np.ndarray, tid2phone: np.ndarray,
                      alignments: Mapping[str, np.ndarray]) -> None:
     """Write ``alignments`` (transition ids per frame) and the pdfs and phones they map to (``tid2pdf``,
     ``tid2phone``: indexed by transition id) into ``folder``, utterances in sorted order."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    writers = {kind: kaldiio.WriteHelper(f"ark,scp:{folder / kind}.ark,{folder / kind}.scp") for kind in KINDS}
-    try:
+    tables = {"transition_ids": None, "pdfs": np.asarray(tid2pdf), "phones": np.asarray(tid2phone)}
+    names = {kind: f"{folder / kind}.ark" for kind in KINDS}
+    with ExitStack() as stack:  # each archive and index renamed into place only when all are written
+        arks = {kind: stack.enter_context(atomic_binary(folder / f"{kind}.ark")) for kind in KINDS}
+        scps = {kind: stack.enter_context(atomic_text(folder / f"{kind}.scp")) for kind in KINDS}
         for utt in sorted(alignments):
             tids = np.asarray(load_alignment(alignments[utt]), dtype=np.int32)
-            writers["transition_ids"](utt, tids)
-            writers["pdfs"](utt, np.asarray(tid2pdf[tids], dtype=np.int32))
-            writers["phones"](utt, np.asarray(tid2phone[tids], dtype=np.int32))
-    finally:
-        for writer in writers.values():
-            writer.close()
+            for kind, table in tables.items():
+                arks[kind].write(utt.encode("utf-8") + b" ")
+                scps[kind].write(f"{utt} {names[kind]}:{arks[kind].tell()}\n")
+                arks[kind].write(vector_bytes(tids if table is None else table[tids]))
 
 
 def alignment_index(folder: str | Path, kind: str = "transition_ids") -> Path:
