@@ -163,9 +163,9 @@ def test_peak_memory_reports_the_driver_and_the_largest_worker(dask_client_1) ->
 
 
 def _child_peak() -> float:
-    from asrflow.cluster.client import _peak_rss_mb
+    from asrflow.cluster.client import peak_rss_mb
 
-    return _peak_rss_mb()
+    return peak_rss_mb()
 
 
 def test_a_stage_started_by_a_large_process_reports_its_own_peak_not_its_parents() -> None:
@@ -185,14 +185,14 @@ def test_the_peak_restarts_from_what_the_process_holds_now() -> None:
     """After reset_peak_rss, VmHWM is the work that follows, not an earlier, larger allocation."""
     import numpy as np
 
-    from asrflow.cluster.client import _peak_rss_mb, reset_peak_rss
+    from asrflow.cluster.client import peak_rss_mb, reset_peak_rss
 
     block = np.ones(40 * 2**20 // 8)  # 40 MB, touched
-    before = _peak_rss_mb()
+    before = peak_rss_mb()
     del block
     if not reset_peak_rss():
         pytest.skip("this system cannot restart a process's peak memory (no /proc/self/clear_refs)")
-    assert _peak_rss_mb() < before - 30
+    assert peak_rss_mb() < before - 30
 
 
 def _square(item: list[int]) -> list[int]:

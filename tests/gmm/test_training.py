@@ -508,6 +508,8 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
         assert line["wall_s"] >= 0 and line["cpu_s"] >= 0 and line["peak_rss_driver_mb"] > 10, line
         with_workers = line["stage"] in ("mono", "realign", "accumulate", "tree", "fmllr", "decode", "tune")
         assert (line["peak_rss_worker_mb"] is not None) == with_workers, line
+        if with_workers:  # what a worker held at the start is part of its peak
+            assert 10 < line["start_rss_worker_mb"] <= line["peak_rss_worker_mb"], line
     small, large = ({line["stage"]: line for line in lines[i:i + len(names)]} for i in (0, len(names)))
     assert small["realign"]["hours"] >= 0.05 and large["realign"]["hours"] >= 0.1
     assert large["realign"]["utterances"] > small["realign"]["utterances"]

@@ -103,7 +103,7 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
             cluster.close()
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """This process's own peak resident memory so far (MB): Linux's ``VmHWM``.
 
     Not ``ru_maxrss``: Linux keeps it across ``fork`` and ``exec``, so a stage started by a large
@@ -137,9 +137,9 @@ def reset_peak_rss() -> bool:
 def peak_memory(client: Any) -> dict[str, float]:
     """Peak resident memory (MB) so far of this process (a stage's driver) and of its largest Dask worker
     (the driver's own where the workers cannot be asked)."""
-    driver = _peak_rss_mb()
+    driver = peak_rss_mb()
     try:
-        workers = list(client.run(_peak_rss_mb).values())
+        workers = list(client.run(peak_rss_mb).values())
     except Exception:  # noqa: BLE001  (a report, never a reason to fail the stage)
         workers = []
     return {"peak_rss_driver_mb": round(driver, 1), "peak_rss_worker_mb": round(max(workers, default=driver), 1)}

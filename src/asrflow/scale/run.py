@@ -8,7 +8,8 @@ Dask cluster serve all the stages of a size, as they serve a workflow's jobs. On
 size: ``stage``, ``hours``, ``wall_s``, ``cpu_s`` (driver and workers), ``wall_s_per_hour``,
 ``peak_rss_driver_mb``, ``peak_rss_worker_mb`` (the largest worker's peak during the stage: each worker's
 peak is restarted from what it holds when the stage starts, which includes what earlier stages of the size
-left in its cache; none for stages without workers) and the stage's own counts.
+left in its cache and heap; none for stages without workers), ``start_rss_worker_mb`` (what the largest worker
+held when the stage started) and the stage's own counts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.cluster import dask_client, peak_memory
-from asrflow.cluster.client import reset_peak_rss
+from asrflow.cluster.client import peak_rss_mb, reset_peak_rss
 from asrflow.scale import gmm
 from asrflow.scale import stages as pipeline
 from asrflow.scale.corpus import sized_corpus
@@ -80,8 +81,10 @@ def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
     fn, uses_workers = STAGES[name]
     with Client(address, timeout="60s") as client:
         workers_cpu = sum(client.run(_cpu_seconds).values())
+        held = None
         if uses_workers:
             client.run(reset_peak_rss)
+            held = max(client.run(peak_rss_mb).values())  # just restarted: what the largest worker holds now
         cpu = _cpu_seconds()
         start = time.perf_counter()
         extra = fn(size, client if uses_workers else None)
@@ -90,6 +93,7 @@ def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
         peaks = peak_memory(client)  # this process's, and the largest worker's
         if uses_workers:
             extra["worker_cache_mb"] = round(max(client.run(_cache_mb).values()), 1)
+            extra["start_rss_worker_mb"] = round(held, 1)
     return stage_line(name, size.hours, wall, cpu, peaks["peak_rss_driver_mb"],
                       peaks["peak_rss_worker_mb"] if uses_workers else None, **extra)
 
