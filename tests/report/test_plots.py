@@ -22,7 +22,8 @@ def test_the_scale_table_shows_each_size_and_the_ratio_of_the_largest_to_the_bas
 
     lines = [stage_line("realign", h, 2.0 * h * (1.5 if h == 100 else 1), 1.0, 100 + h, 500.0, utterances=1)
              for h in (10.0, 100.0)] + [stage_line("lang", 10.0, 1.0, 1.0, 200.0, None)]
+    lines.insert(0, stage_line("lang", 10.0, 1.0, 1.0, 200.0, None))  # an earlier line: the latest counts
     table = scale_table(lines).splitlines()
     assert table[0].startswith("| stage | s per hour at 10 / 100 h | 100 h / 10 h |")
-    assert table[2] == "| realign | 2.00 / 3.00 | 1.50 | 110 / 200 | 1.82 | 500 / 500 | 1.00 |"
+    assert table[2] == "| realign | 2.00 / 3.00 | 1.50 | 110 / 200 | 1.82 | 500 / 500 | 1.00 |"  # in the order they run
     assert table[3] == "| lang | 0.10 / – | – | 200 / – | – | – / – | – |"

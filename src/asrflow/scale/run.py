@@ -156,9 +156,12 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
 
 
 def scale_table(lines: list[dict], base: float = 10.0) -> str:
-    """A Markdown table of the benchmark's lines (the latest of each stage and size): seconds per hour of audio,
-    driver and largest-worker peak (MB) at every size, and each one's ratio at the largest size to ``base``."""
+    """A Markdown table of the benchmark's lines (the latest of each stage and size, stages in the order they run):
+    seconds per hour of audio, driver and largest-worker peak (MB) at every size, and each one's ratio at the
+    largest size to ``base``."""
     stages, latest = latest_lines(lines)
+    order = list(STAGES)
+    stages = sorted(stages, key=lambda name: order.index(name) if name in order else len(order))  # as they run
     sizes = sorted({hours for _, hours in latest})
 
     def row(stage: str, key: str, digits: int) -> tuple[str, str]:
