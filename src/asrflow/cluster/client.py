@@ -220,7 +220,7 @@ def homes(client: Any, count: int) -> list[list[str] | None]:
     their number, the same worker every time the shards run while the workers stay, so that what a worker
     caches of its shards (:mod:`asrflow.cluster.cache`) serves it again. A loose preference: a busy or
     lost worker's shards go elsewhere."""
-    workers = sorted(client.scheduler_info().get("workers", {}))
+    workers = workers_now(client)
     return [[workers[i % len(workers)]] if workers else None for i in range(count)]
 
 
@@ -241,7 +241,8 @@ class Feed:
     """The order shards are submitted in: each worker's own shards (``home``, from :func:`homes`) in shard order,
     :data:`AHEAD` of them at first and one more each time one of them finishes. A worker that has run all its own
     then takes the next shard of the worker with the most left, when that one has more left than it holds ahead
-    (Dask cannot steal shards not yet submitted); otherwise shards keep their worker, and its caches serve them."""
+    (Dask cannot steal shards not yet submitted); otherwise shards keep their worker, and its caches serve them.
+    A worker that joins later (a Slurm job that started late) is given shards the same way (:meth:`join`)."""
 
     def __init__(self, home: Sequence[list[str] | None], ahead: int = AHEAD) -> None:
         self.home = list(home)
@@ -249,6 +250,7 @@ class Feed:
         self.queues: dict[str, deque[int]] = {}
         for i, where in enumerate(self.home):
             self.queues.setdefault(where[0] if where else "", deque()).append(i)
+        self.sent: dict[int, str] = {}  # submitted and not finished: the worker each went to ("": any)
 
     @property
     def left(self) -> int:
@@ -258,18 +260,59 @@ class Feed:
     def first(self) -> list[tuple[int, list[str] | None]]:
         """The shards to submit at the start, each with the worker it goes to: the first ``ahead`` of every
         worker's, in shard order."""
-        first = [queue.popleft() for queue in self.queues.values() for _ in range(min(self.ahead, len(queue)))]
-        return [(i, self.home[i]) for i in sorted(first)]
+        first = [(queue.popleft(), worker) for worker, queue in self.queues.items()
+                 for _ in range(min(self.ahead, len(queue)))]
+        return [self._send(i, worker) for i, worker in sorted(first)]
 
     def after(self, done: int) -> tuple[int, list[str] | None] | None:
-        """The shard to submit now that shard ``done`` has finished, with the worker it goes to (``done``'s home);
-        None when every shard has been submitted."""
-        where = self.home[done]
-        queue = self.queues.get(where[0] if where else "")
-        if not queue:  # help the worker furthest behind, when it has more left than it holds ahead
-            queue = max(self.queues.values(), key=len)
-            queue = queue if len(queue) > self.ahead else None
-        return (queue.popleft(), where) if queue else None
+        """The shard to submit now that shard ``done`` has finished, with the worker it goes to (the one ``done``
+        went to); None when every shard has been submitted."""
+        worker = self.sent.pop(done, "")
+        queue = self.queues.get(worker) or self._behind()
+        return self._send(queue.popleft(), worker) if queue else None
+
+    def join(self, workers: Iterable[str]) -> list[tuple[int, list[str] | None]]:
+        """Shards for those of ``workers`` the feed has not met: up to ``ahead`` each, from the worker furthest
+        behind."""
+        given = []
+        for worker in workers:
+            if worker in self.queues:
+                continue
+            self.queues[worker] = deque()
+            for _ in range(self.ahead):
+                if (queue := self._behind()) is None:
+                    break
+                given.append(self._send(queue.popleft(), worker))
+        return given
+
+    def _behind(self) -> deque[int] | None:
+        """The queue of the worker with the most left, when it has more left than it holds ahead."""
+        queue = max(self.queues.values(), key=len, default=None)
+        return queue if queue is not None and len(queue) > self.ahead else None
+
+    def _send(self, i: int, worker: str) -> tuple[int, list[str] | None]:
+        self.sent[i] = worker
+        return i, [worker] if worker else None
+
+
+class Joined:
+    """Shards of a :class:`Feed` for workers that joined the cluster since it began, looked for at most every
+    ``every`` seconds while shards are left (the call asks the scheduler)."""
+
+    def __init__(self, client: Any, feed: Feed, every: float = 1.0) -> None:
+        self.client, self.feed, self.every = client, feed, every
+        self.checked = time.monotonic()
+
+    def __call__(self) -> list[tuple[int, list[str] | None]]:
+        if not self.feed.left or time.monotonic() - self.checked < self.every:
+            return []
+        self.checked = time.monotonic()
+        return self.feed.join(workers_now(self.client))
+
+
+def workers_now(client: Any) -> list[str]:
+    """The addresses of the cluster's workers now."""
+    return sorted(client.scheduler_info().get("workers", {}))
 
 
 def run_sharded(
@@ -323,6 +366,7 @@ def iter_sharded(
         return future
 
     pending = as_completed([submit(i, where) for i, where in feed.first()])
+    joined = Joined(client, feed)
     with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
               disable=None if sys.stderr.isatty() else False) as bar:
         for future in pending:
@@ -331,6 +375,8 @@ def iter_sharded(
             future.release()
             if (following := feed.after(i)) is not None:
                 pending.add(submit(*following))
+            for given in joined():
+                pending.add(submit(*given))
             bar.update(units[i])
             yield i, result
 
@@ -441,6 +487,7 @@ def run_reduced(
         return leaf
 
     pending = as_completed([submit(i, where) for i, where in feed.first()])
+    joined = Joined(client, feed)
     with tqdm(total=sum(units), desc=desc, unit=unit, file=sys.stderr, mininterval=1.0,
               disable=None if sys.stderr.isatty() else False) as bar:
         for future in pending:
@@ -449,6 +496,8 @@ def run_reduced(
             i = index.pop(future.key)
             if (following := feed.after(i)) is not None:
                 pending.add(submit(*following))
+            for given in joined():
+                pending.add(submit(*given))
             bar.update(units[i])
             del future  # released when no fold or combination still to submit holds it
     return tree.root.result()
