@@ -42,6 +42,10 @@ def test_tree_stats_use_phone_segments_for_context() -> None:
     assert rows == {(0, 5, 7, 0): 1, (0, 5, 7, 1): 1, (5, 7, 5, 0): 1, (5, 7, 5, 1): 2, (7, 5, 0, 0): 1}
     merged = TreeStats.merge([stats, stats])
     assert merged.count.sum() == 12 and np.allclose(merged.sum.sum(0), 2 * feats.sum(0))
+    from dask.sizeof import sizeof
+
+    arrays = merged.events.nbytes + merged.count.nbytes + merged.sum.nbytes + merged.sumsq.nbytes
+    assert arrays < sizeof(merged) < arrays + 1000  # Dask counts the arrays a worker holds, not an empty object
 
 
 def test_objf_matches_gaussian_log_likelihood() -> None:

@@ -106,6 +106,10 @@ class EStepResult:
     seconds: float = 0.0
     aligned_frames: int = 0  # frames of the new alignments
 
+    def __sizeof__(self) -> int:
+        """Its statistics' bytes: what Dask's memory accounting of a worker (``dask.sizeof``) counts for it."""
+        return object.__sizeof__(self) + sum(np.asarray(a).nbytes for a in (self.occ, self.x, self.x2, self.trans))
+
 
 def features(shard: Shard) -> list[np.ndarray]:
     """CMVN (per speaker, or per utterance) then Δ/ΔΔ features of a shard, or its spliced frames through its

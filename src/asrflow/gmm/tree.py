@@ -46,6 +46,10 @@ class TreeStats:
     def dim(self) -> int:
         return self.sum.shape[1]
 
+    def __sizeof__(self) -> int:
+        """Its arrays' bytes: what Dask's memory accounting of a worker (``dask.sizeof``) counts for it."""
+        return object.__sizeof__(self) + sum(a.nbytes for a in (self.events, self.count, self.sum, self.sumsq))
+
     @staticmethod
     def merge(parts: list[TreeStats]) -> TreeStats:
         """Sum statistics of the same events from several shards (order independent)."""
