@@ -245,10 +245,9 @@ class Feed:
     A worker that joins later (a Slurm job that started late) is given shards the same way (:meth:`join`)."""
 
     def __init__(self, home: Sequence[list[str] | None], ahead: int = AHEAD) -> None:
-        self.home = list(home)
         self.ahead = ahead
         self.queues: dict[str, deque[int]] = {}
-        for i, where in enumerate(self.home):
+        for i, where in enumerate(home):
             self.queues.setdefault(where[0] if where else "", deque()).append(i)
         self.sent: dict[int, str] = {}  # submitted and not finished: the worker each went to ("": any)
 

@@ -11,15 +11,14 @@ under the final name.
 from __future__ import annotations
 
 import io
-import os
 import struct
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from asrflow.data.tables import atomic_text, entries
+from asrflow.data.tables import atomic_binary, atomic_text, entries
 
 SPEECH_FEATURE = 2  # Kaldi's CompressionMethod kSpeechFeature: what make_mfcc.sh --compress true stores
 
@@ -50,6 +49,17 @@ def decoded(encoded: bytes) -> np.ndarray:
     return np.asarray(read_kaldi(io.BytesIO(encoded)))
 
 
+def write_entry(out: BinaryIO, key: str, encoded: bytes, name: str) -> str:
+    """Write one ``<key> <encoded object>`` entry to the archive ``out`` (called ``name`` in the index); return its
+    scp line."""
+    if not key or any(c.isspace() for c in key):
+        raise ValueError(f"ark key {key!r} is empty or has whitespace")
+    out.write(key.encode("utf-8") + b" ")
+    line = f"{key} {name}:{out.tell()}"
+    out.write(encoded)
+    return line
+
+
 def write_ark(path: str | Path, items: Iterable[tuple[str, np.ndarray | bytes]],
               scp_name: str | None = None, compress: bool = False) -> list[str]:
     """Write ``(key, matrix)`` pairs to ``path`` atomically; return the scp lines.
@@ -59,20 +69,9 @@ def write_ark(path: str | Path, items: Iterable[tuple[str, np.ndarray | bytes]],
     """
     path = Path(path)
     name = scp_name or str(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    lines = []
-    try:
-        with open(tmp, "wb") as out:
-            for key, matrix in items:
-                if not key or any(c.isspace() for c in key):
-                    raise ValueError(f"ark key {key!r} is empty or has whitespace")
-                out.write(key.encode("utf-8") + b" ")
-                lines.append(f"{key} {name}:{out.tell()}")
-                out.write(matrix if isinstance(matrix, bytes) else matrix_bytes(matrix, compress))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_binary(path) as out:
+        lines = [write_entry(out, key, matrix if isinstance(matrix, bytes) else matrix_bytes(matrix, compress), name)
+                 for key, matrix in items]
     return lines
 
 

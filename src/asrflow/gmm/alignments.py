@@ -21,7 +21,6 @@ utterance's vector is (``<archive>:<offset>``) from the indexes, the next tasks 
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,7 +33,7 @@ import kaldiio
 import numpy as np
 
 from asrflow.data.tables import atomic_binary, atomic_text
-from asrflow.features.ark import scp_entries, write_ark
+from asrflow.features.ark import scp_entries, write_ark, write_entry
 
 #: The archives of an alignment folder.
 KINDS = ("transition_ids", "pdfs", "phones")
@@ -66,13 +65,10 @@ def read_vector(stream: BinaryIO, where: str = "") -> np.ndarray:
     if len(header) < 7 or header[:3] != _HEADER:
         raise ValueError(f"{where}: not a Kaldi binary int32 vector")
     size = struct.unpack("<i", header[3:])[0]
-    data = stream.read(5 * size) if size >= 0 else b""
-    if size < 0 or len(data) != 5 * size:
+    data = stream.read(5 * max(size, 0))
+    if size < 0 or len(data) != 5 * size or (np.frombuffer(data, dtype=_ELEMENT)["width"] != 4).any():
         raise ValueError(f"{where}: a truncated or malformed int32 vector of {size} elements")
-    elements = np.frombuffer(data, dtype=_ELEMENT)
-    if (elements["width"] != 4).any():
-        raise ValueError(f"{where}: a truncated or malformed int32 vector of {size} elements")
-    return elements["value"].astype(np.int32)
+    return np.frombuffer(data, dtype=_ELEMENT)["value"].astype(np.int32)
 
 
 def load_alignment(value: Alignment) -> np.ndarray:
@@ -203,10 +199,8 @@ def write_archive(path: str | Path, alignments: Mapping[str, np.ndarray]) -> dic
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = write_ark(path, ((utt, vector_bytes(alignments[utt])) for utt in sorted(alignments)))
-    index = archive_index(path)
-    tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, index)
+    with atomic_text(archive_index(path)) as index:
+        index.writelines(line + "\n" for line in lines)
     return dict(line.split(" ", 1) for line in lines)
 
 
@@ -229,9 +223,8 @@ def write_alignments(folder: str | Path, tid2pdf: np.ndarray, tid2phone: np.ndar
         for utt in sorted(alignments):
             tids = np.asarray(load_alignment(alignments[utt]), dtype=np.int32)
             for kind, table in tables.items():
-                arks[kind].write(utt.encode("utf-8") + b" ")
-                scps[kind].write(f"{utt} {names[kind]}:{arks[kind].tell()}\n")
-                arks[kind].write(vector_bytes(tids if table is None else table[tids]))
+                encoded = vector_bytes(tids if table is None else table[tids])
+                scps[kind].write(write_entry(arks[kind], utt, encoded, names[kind]) + "\n")
 
 
 def alignment_index(folder: str | Path, kind: str = "transition_ids") -> Path:
