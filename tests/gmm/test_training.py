@@ -510,6 +510,8 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
         assert (line["peak_rss_worker_mb"] is not None) == with_workers, line
         if with_workers:  # what a worker held at the start is part of its peak
             assert 10 < line["start_rss_worker_mb"] <= line["peak_rss_worker_mb"], line
+    fresh = [line["stage"] for line in lines[:len(names)] if line["fresh_workers"]]
+    assert fresh == ["mono", "realign", "tree", "fmllr", "decode", "tune"]  # accumulate: on realign's workers
     small, large = ({line["stage"]: line for line in lines[i:i + len(names)]} for i in (0, len(names)))
     assert small["realign"]["hours"] >= 0.05 and large["realign"]["hours"] >= 0.1
     assert large["realign"]["utterances"] > small["realign"]["utterances"]
@@ -532,6 +534,17 @@ def test_the_scale_benchmark_replicates_the_split_and_the_driver_receives_one_to
     with pytest.raises(ValueError, match="audio cache"):
         scale_benchmark(config, root / "data", root / "mfcc", lang, tmp_path / "mono", "train", [0.05], 1,
                         log=QUIET, stages=["import"])
+
+
+def test_the_scale_benchmark_gives_each_workflow_job_its_own_workers() -> None:
+    """A stage that starts a workflow job starts a cluster; an accumulating pass right after an aligning one runs
+    on that job's workers, and stages without workers join the job before them."""
+    from asrflow.scale.run import jobs
+
+    assert jobs(["mono", "realign", "accumulate", "tree", "alignments", "nnet_read", "decode"]) == [
+        ["mono"], ["realign", "accumulate"], ["tree", "alignments", "nnet_read"], ["decode"]]
+    assert jobs(["accumulate", "realign"]) == [["accumulate"], ["realign"]]  # not after its aligning pass
+    assert jobs(["lang", "decode"]) == [["lang"], ["decode"]]
 
 
 def test_the_scale_benchmark_makes_sizes_from_perturbed_audio_written_once(yesno, dask_client_1, tmp_path) -> None:

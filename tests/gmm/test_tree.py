@@ -87,6 +87,27 @@ def test_build_tree_finds_the_informative_question() -> None:
     assert result.pdf_count.sum() == stats.count.sum()
 
 
+def test_merged_tree_stats_are_the_same_bytes_as_a_sum_over_the_concatenated_parts() -> None:
+    """The reference: ``np.add.at`` over every part's rows, in part order (what a merge must equal bit for bit,
+    so that sums over shards stay the same whatever the merge's internals)."""
+    rng = np.random.default_rng(7)
+    parts = []
+    for _ in range(6):
+        feats = rng.normal(size=(rng.integers(20, 200), 5)).astype(np.float32)
+        phones = np.repeat(rng.integers(1, 6, size=40), 5)[:len(feats)]
+        parts.append(accumulate_tree_stats(feats, phones, rng.integers(0, 3, size=len(feats))))
+    merged = TreeStats.merge(parts)
+    keys, inverse = np.unique(np.concatenate([p.events for p in parts]), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    expected = [np.zeros(len(keys)), np.zeros((len(keys), 5)), np.zeros((len(keys), 5))]
+    for array, name in zip(expected, ("count", "sum", "sumsq")):
+        np.add.at(array, inverse, np.concatenate([getattr(p, name) for p in parts]))
+    assert np.array_equal(merged.events, keys)
+    for array, name in zip(expected, ("count", "sum", "sumsq")):
+        assert getattr(merged, name).tobytes() == array.tobytes()
+    assert len(np.unique(merged.events, axis=0)) == len(merged.events)  # each event once, as merge needs
+
+
 def test_clustering_merges_leaves_that_should_not_be_split() -> None:
     stats = _synthetic_stats(np.random.default_rng(2))
     questions = [(1,), (3,), (4,), (3, 4), (1, 3, 4)]

@@ -35,7 +35,7 @@ LOG_2PI = math.log(2 * math.pi)
 
 @dataclass
 class TreeStats:
-    """Gaussian statistics per event; ``events[:, 0..3]`` = left, centre, right, pdf-class."""
+    """Gaussian statistics per event; ``events[:, 0..3]`` = left, centre, right, pdf-class, each event once."""
 
     events: np.ndarray  # (E, 4) int
     count: np.ndarray  # (E,)
@@ -52,17 +52,26 @@ class TreeStats:
 
     @staticmethod
     def merge(parts: list[TreeStats]) -> TreeStats:
-        """Sum statistics of the same events from several shards (order independent)."""
+        """Sum statistics of the same events from several shards (order independent).
+
+        Each part's events are distinct (as :func:`accumulate_tree_stats` and ``merge`` make them), so a part is
+        added into the merged arrays with one indexed ``+=`` per array, part after part: the same sums, added in
+        the same order, as ``np.add.at`` over the parts' concatenation, without a concatenated copy of their
+        sums (two shards' totals merged: about 55 MB at peak instead of 78 MB at 24,651 events of 39 dims).
+        """
         events = np.concatenate([p.events for p in parts])
         keys, inverse = np.unique(events, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
-        dim = parts[0].dim
         count = np.zeros(len(keys))
-        total = np.zeros((len(keys), dim))
-        sumsq = np.zeros((len(keys), dim))
-        np.add.at(count, inverse, np.concatenate([p.count for p in parts]))
-        np.add.at(total, inverse, np.concatenate([p.sum for p in parts]))
-        np.add.at(sumsq, inverse, np.concatenate([p.sumsq for p in parts]))
+        total = np.zeros((len(keys), parts[0].dim))
+        sumsq = np.zeros((len(keys), parts[0].dim))
+        start = 0
+        for part in parts:
+            at = inverse[start:start + len(part.events)]
+            start += len(part.events)
+            count[at] += part.count
+            total[at] += part.sum
+            sumsq[at] += part.sumsq
         return TreeStats(keys, count, total, sumsq)
 
 

@@ -3,13 +3,15 @@
 A size is made from audio (:func:`~asrflow.scale.corpus.sized_corpus`, when ``audio_cache`` is given and the
 ``import`` stage asked for: then ``import`` and ``features`` make its data and features) or by replicating
 the split's stored features (:func:`~asrflow.scale.gmm.replicate`). Each stage's driver is a process of its
-own (its peak resident memory is the stage's, not what earlier stages left behind); the workers of a local
-Dask cluster serve all the stages of a size, as they serve a workflow's jobs. One JSON line per stage and
-size: ``stage``, ``hours``, ``wall_s``, ``cpu_s`` (driver and workers), ``wall_s_per_hour``,
-``peak_rss_driver_mb``, ``peak_rss_worker_mb`` (the largest worker's peak during the stage: each worker's
-peak is restarted from what it holds when the stage starts, which includes what earlier stages of the size
-left in its cache and heap; none for stages without workers), ``start_rss_worker_mb`` (what the largest worker
-held when the stage started) and the stage's own counts.
+own (its peak resident memory is the stage's, not what earlier stages left behind), and a stage that starts a
+workflow job gets a local Dask cluster of its own (:func:`jobs`), as every job of a workflow starts its own
+workers (a local cluster, or Slurm worker jobs). A stage that continues the job of the stage before it
+(:data:`CONTINUES`: a training job's accumulating pass after its aligning one) runs on the workers that stage
+left, with their caches and heap. One JSON line per stage and size: ``stage``, ``hours``, ``wall_s``,
+``cpu_s`` (driver and workers), ``wall_s_per_hour``, ``peak_rss_driver_mb``, ``peak_rss_worker_mb`` (the
+largest worker's peak during the stage: each worker's peak is restarted from what it holds when the stage
+starts; none for stages without workers), ``start_rss_worker_mb`` (what the largest worker held when the stage
+started), ``fresh_workers`` and the stage's own counts.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ STAGES: dict[str, tuple[StageFn, bool]] = {
     "fmllr": (gmm._fmllr, True), "alignments": (gmm._alignments, False), "nnet_read": (gmm._nnet_read, False),
     "lang": (pipeline._lang, False), "lang_20k": (pipeline._lang_20k, False), "decode": (pipeline._decode, True),
     "score": (pipeline._score, False), "tune": (pipeline._tune, True), "mlflow": (pipeline._mlflow, False)}
+
+#: Stages that continue the workflow job of the stage named (run right after it, on the workers it left): a
+#: training job's passes follow one another on the same workers. Every other stage starts a job of its own.
+CONTINUES = {"accumulate": "realign"}
 
 #: What each stage needs to have run before it at the same size.
 NEEDS = {"features": "import", "accumulate": "realign", "tree": "realign", "fmllr": "realign",
@@ -72,6 +78,20 @@ def _cache_mb() -> float:
     from asrflow.gmm import estep
 
     return estep._GRAPHS.used / 2**20
+
+
+def jobs(names: list[str]) -> list[list[str]]:
+    """``names`` (in the order they run) cut where the workflow starts a job with workers of its own: at every
+    stage that uses the workers and does not continue the stage just before it (:data:`CONTINUES`). Stages
+    without workers go with the job before them (what the workers hold does not touch them)."""
+    cut: list[list[str]] = []
+    for i, name in enumerate(names):
+        starts = STAGES[name][1] and (i == 0 or CONTINUES.get(name) != names[i - 1])
+        if starts or not cut:
+            cut.append([name])
+        else:
+            cut[-1].append(name)
+    return cut
 
 
 def _run_stage(name: str, size: Size, address: str) -> dict[str, Any]:
@@ -117,7 +137,8 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
                     stages: list[str] | None = None, audio_cache: str | Path | None = None, test: str = "test",
                     test_minutes: float = 30.0, tune_utterances: int = 200) -> list[dict]:
     """The stages (:data:`STAGES`, or those named, and what they need) of the system in ``model_dir`` at each of
-    ``hours``, on a fresh local cluster of ``workers`` processes per size: one line per stage and size.
+    ``hours``, on a local cluster of ``workers`` processes per workflow job (:func:`jobs`): one line per stage and
+    size.
 
     ``audio_cache``: where the sized corpora's audio is kept between runs (needed by ``import``);
     ``test``/``test_minutes``: the split of ``data_dir``/``feats_dir`` and the minutes of it every size decodes;
@@ -144,14 +165,16 @@ def scale_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str
             size, counts = _make_size(size, data_dir, feats_dir, target, Path(audio_cache) if audio_cache else None,
                                       from_audio, log)
             dask_cfg = {**config["dask"], "workers": workers, "dashboard": False, "single_worker_thread": False}
-            with dask_client(dask_cfg, log=lambda *_: None) as client:
-                for name in names:
-                    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-                        line = pool.submit(_run_stage, name, size, client.scheduler.address).result()
-                    line.update(workers=workers, utterances=counts["utterances"], speakers=counts["speakers"])
-                    log(f"{line['hours']} h {name}: {line['wall_s']} s, driver {line['peak_rss_driver_mb']} MB, "
-                        f"worker {line['peak_rss_worker_mb']} MB")
-                    lines.append(line)
+            for job in jobs(names):  # each on a cluster of its own, as each workflow job starts one
+                with dask_client(dask_cfg, log=lambda *_: None) as client:
+                    for name in job:
+                        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                            line = pool.submit(_run_stage, name, size, client.scheduler.address).result()
+                        line.update(fresh_workers=STAGES[name][1] and name == job[0], workers=workers,
+                                    utterances=counts["utterances"], speakers=counts["speakers"])
+                        log(f"{line['hours']} h {name}: {line['wall_s']} s, driver {line['peak_rss_driver_mb']} MB, "
+                            f"worker {line['peak_rss_worker_mb']} MB")
+                        lines.append(line)
     return lines
 
 
