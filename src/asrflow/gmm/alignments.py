@@ -66,9 +66,10 @@ def read_vector(stream: BinaryIO, where: str = "") -> np.ndarray:
         raise ValueError(f"{where}: not a Kaldi binary int32 vector")
     size = struct.unpack("<i", header[3:])[0]
     data = stream.read(5 * max(size, 0))
-    if size < 0 or len(data) != 5 * size or (np.frombuffer(data, dtype=_ELEMENT)["width"] != 4).any():
+    elements = np.frombuffer(data, dtype=_ELEMENT) if size >= 0 and len(data) == 5 * size else None
+    if elements is None or (elements["width"] != 4).any():
         raise ValueError(f"{where}: a truncated or malformed int32 vector of {size} elements")
-    return np.frombuffer(data, dtype=_ELEMENT)["value"].astype(np.int32)
+    return elements["value"].astype(np.int32)
 
 
 def load_alignment(value: Alignment) -> np.ndarray:
