@@ -437,7 +437,8 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                              "decode.tune": {"search": "grid", "max_utterances": 2000},
                                              "corpus": {"extra_training": []},
                                              "lang": {"lexicon_file": None, "stress": "strip", "lm_text": [],
-                                                      "lm_arpa": None, "lm_max_ngrams": None},
+                                                      "lm_arpa": None, "lm_max_ngrams": None, "lm_combine": "pool",
+                                                      "lm_weights": None, "lm_vocabulary": None},
                                              "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker",
                                                   "features.compress": False,
                                                   "nnet.hold_out": "utterances", "decode.insertion_penalty": 0.0}}

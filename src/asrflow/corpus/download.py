@@ -42,7 +42,8 @@ class Source:
     extra: tuple[tuple[str, str], ...] = ()
 
 
-def _get(url: str, path: Path, timeout: float = 60.0) -> None:
+def download_file(url: str, path: Path, timeout: float = 60.0) -> None:
+    """Fetch ``url`` into ``path``; a :class:`DownloadError` naming the address when it cannot."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response, open(path, "wb") as out:
             shutil.copyfileobj(response, out, length=1 << 20)
@@ -65,7 +66,7 @@ def verify(path: Path, source: Source, workdir: Path) -> None:
     if source.checksum_url:
         algorithm = source.checksum_url.rsplit(".", 1)[-1]
         sums = workdir / f"checksum.{algorithm}"
-        _get(source.checksum_url, sums)
+        download_file(source.checksum_url, sums)
         expected = sums.read_text(encoding="utf-8", errors="replace").split()[0].lower()
         if _digest(path, algorithm) != expected:
             raise DownloadError(f"{source.url}: {algorithm} mismatch with {source.checksum_url}")
@@ -78,7 +79,7 @@ def fetch(source: Source, download_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=download_dir, prefix=".fetch-") as tmp:
         workdir = Path(tmp)
         archive = workdir / "archive.tar.gz"
-        _get(source.url, archive)
+        download_file(source.url, archive)
         verify(archive, source, workdir)
         unpacked = workdir / "unpacked"
         try:
@@ -90,7 +91,7 @@ def fetch(source: Source, download_dir: Path) -> Path:
         if not content.is_dir():
             raise DownloadError(f"{source.url}: archive has no {source.strip}/ folder")
         for url, name in source.extra:
-            _get(url, content / name)
+            download_file(url, content / name)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():
             shutil.rmtree(final)

@@ -254,7 +254,7 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
         if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json"):
             shutil.copyfile(path, out / path.name)
     texts = [t for u, t in own_texts(Path(data_dir) / train_split).items() if u not in held_out]
-    vocabulary = write_lm(config, texts, out).words
+    vocabulary = write_lm(config, texts, out)[0].words
     compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
     return out, vocabulary
 

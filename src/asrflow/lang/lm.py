@@ -22,6 +22,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from asrflow.lang.arpa import Arpa, write_arpa
+
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
 
@@ -105,29 +107,26 @@ class KneserNeyLM:
         self._cache[key] = value
         return value
 
-    def write_arpa(self, path: str | Path) -> None:
-        """Write the model in ARPA format (log10 probabilities and backoff weights)."""
+    def arpa(self) -> Arpa:
+        """The model as an :class:`~asrflow.lang.arpa.Arpa` (log10 probabilities and backoff weights)."""
+        model = Arpa()
         grams: list[list[tuple]] = [[] for _ in range(self.order + 1)]
         grams[1] = [(w,) for w in self.vocab] + [(BOS,)]
         for k in range(2, self.order + 1):
-            grams[k] = sorted(g for g in self.counts[k])
-        lines = ["\\data\\"] + [f"ngram {k}={len(grams[k])}" for k in range(1, self.order + 1)] + [""]
+            grams[k] = list(self.counts[k])
         for k in range(1, self.order + 1):
-            lines.append(f"\\{k}-grams:")
-            for gram in sorted(grams[k]):
+            for gram in grams[k]:
                 history, word = gram[:-1], gram[-1]
-                if word == BOS:
-                    logp = -99.0
-                else:
-                    logp = math.log10(self.prob(word, history))
-                fields = [f"{logp:.6f}", " ".join(gram)]
-                if k < self.order and gram[-1] != EOS:
+                model.prob[gram] = -99.0 if word == BOS else math.log10(self.prob(word, history))
+                if k < self.order and word != EOS:
                     bow = self.gamma(gram) if self._context_total[k + 1].get(gram) else 1.0
-                    fields.append(f"{math.log10(bow):.6f}")
-                lines.append("\t".join(fields))
-            lines.append("")
-        lines.append("\\end\\")
-        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+                    model.backoff[gram] = math.log10(bow)
+        model.refresh()
+        return model
+
+    def write_arpa(self, path: str | Path) -> None:
+        """Write the model in ARPA format (log10 probabilities and backoff weights)."""
+        write_arpa(self.arpa(), path)
 
     def perplexity(self, sentences: Iterable[list[str]]) -> float:
         """Per-word perplexity (``</s>`` counted; out-of-vocabulary words skipped, as SRILM does)."""
