@@ -51,8 +51,17 @@ def test_pruning_keeps_the_size_drops_the_least_important_and_renormalises(model
     assert model.perplexity(text) < pruned.perplexity(text) < prune_arpa(model, 0).perplexity(text)
     # the trigram a single occurrence supports goes before one every "the cat" makes likely
     dropped = set(model.prob) - set(pruned.prob)
-    assert all(len(g) == 3 for g in dropped) and ("<s>", "the", "cat") not in dropped
+    assert ("<s>", "the", "cat") not in dropped and ("the", "cat", "ate") in dropped
+    assert all(g[:-1] in pruned.prob for g in pruned.prob if len(g) > 2)  # every kept n-gram's history kept
     assert prune_arpa(model, 0).order == 1 and prune_arpa(model, above).prob == model.prob
+
+
+def test_a_small_budget_keeps_the_trigrams_that_matter_more_than_bigrams(model) -> None:
+    trigrams = model.counts()[2]
+    pruned = prune_arpa(model, trigrams)  # fewer n-grams than the trigrams alone
+    assert sum(pruned.counts()[1:]) == trigrams and pruned.order == 3 and pruned.counts()[1] < model.counts()[1]
+    assert all(g[:-1] in pruned.prob for g in pruned.prob if len(g) > 2)
+    assert all(s == pytest.approx(1.0, abs=1e-4) for s in _sums(pruned))
 
 
 def test_malformed_arpa_files_are_named(tmp_path) -> None:

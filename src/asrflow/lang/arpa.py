@@ -8,9 +8,9 @@ SRILM's and KenLM's pruning):
 
     score(h, w) = p(h, w) · [log p(w | h) − log(bow(h) · p(w | h'))]
 
-with ``p(h, w)`` the model's own joint probability. The lowest-scoring n-grams go first,
-highest order first; then every history's backoff weight is recomputed so that its
-distribution sums to one again.
+with ``p(h, w)`` the model's own joint probability. The n-grams of every order are ranked
+together and the highest-scoring kept, each with its history (:func:`prune_arpa`); then every
+history's backoff weight is recomputed so that its distribution sums to one again.
 """
 
 from __future__ import annotations
@@ -169,27 +169,38 @@ def _history_log10p(model: Arpa, history: tuple[str, ...], cache: dict) -> float
 
 
 def prune_arpa(model: Arpa, max_ngrams: int) -> Arpa:
-    """A copy of ``model`` with at most ``max_ngrams`` n-grams of order 2 and above (the least important dropped,
-    highest order first) and its backoff weights renormalised."""
-    out = Arpa(dict(model.prob), dict(model.backoff))
+    """A copy of ``model`` with at most ``max_ngrams`` n-grams of order 2 and above and its backoff weights
+    renormalised.
+
+    Every n-gram is scored once against ``model`` (the weighted difference above), all orders
+    together; the n-grams are kept from the highest score down, each with the shorter n-grams
+    that are its history (an n-gram needs its history listed for the backoff weight), while they
+    fit. So a trigram that matters more than a bigram outlives it, and a small budget keeps the
+    model's most useful trigrams instead of dropping the whole highest order first."""
+    above = [g for g in model.prob if len(g) > 1]
+    if len(above) <= max_ngrams:
+        out = Arpa(dict(model.prob), dict(model.backoff))
+        _renormalise(out)
+        return out
     cache: dict = {}
-    for k in range(model.order, 1, -1):
-        excess = sum(1 for g in out.prob if len(g) > 1) - max_ngrams
-        if excess <= 0:
+    scores = []
+    for gram in above:
+        history, word = gram[:-1], gram[-1]
+        lower = model.backoff.get(history, 0.0) + model.log10p(word, history[1:])
+        joint = 10 ** (_history_log10p(model, history, cache) + model.prob[gram])
+        scores.append((joint * (model.prob[gram] - lower) * math.log(10), gram))
+    scores.sort(key=lambda item: (-item[0], item[1]))
+    kept: set[tuple[str, ...]] = set()
+    for _, gram in scores:
+        if gram in kept:
+            continue
+        new = [gram[:k] for k in range(2, len(gram) + 1) if gram[:k] not in kept]
+        if len(kept) + len(new) <= max_ngrams:
+            kept.update(new)
+        if len(kept) == max_ngrams:
             break
-        extended = {g[:-1] for g in out.prob if len(g) == k + 1}
-        candidates = []
-        for gram in (g for g in out.prob if len(g) == k and g not in extended):
-            history, word = gram[:-1], gram[-1]
-            lower = out.backoff.get(history, 0.0) + out.log10p(word, history[1:])
-            joint = 10 ** (_history_log10p(out, history, cache) + out.prob[gram])
-            candidates.append((joint * (out.prob[gram] - lower) * math.log(10), gram))
-        candidates.sort()
-        for _, gram in candidates[:excess]:
-            del out.prob[gram]
-            out.backoff.pop(gram, None)
-        out.refresh()
-        cache.clear()
+    out = Arpa({g: p for g, p in model.prob.items() if len(g) == 1 or g in kept},
+               {g: b for g, b in model.backoff.items() if len(g) == 1 or g in kept})
     _renormalise(out)
     return out
 
