@@ -2,8 +2,8 @@
 
 The lexicon covers every training transcript, ``corpus.extra_training`` ones included, and every
 word of the LM; the LM (and so the decoder's vocabulary) is estimated from the experiment's own
-corpus's transcripts and ``lang.lm_text``, or read from ``lang.lm_arpa``, and pruned to
-``lang.lm_max_ngrams``.
+corpus's transcripts and ``lang.lm_text`` (pooled, or interpolated with ``lang.lm_combine:
+interpolate``), or read from ``lang.lm_arpa``, and pruned to ``lang.lm_max_ngrams``.
 
 Output folder (``results/<exp>/lang/<train split>/``), Kaldi's lang-dir layout::
 
