@@ -99,3 +99,5 @@ def test_the_lang_stage_interpolates_the_transcripts_with_a_general_text(tmp_pat
         _lang(tmp_path, lm_weights=[0.2, 0.3, 0.5])
     with pytest.raises(LmError, match="neither"):
         _lang(tmp_path, lm_text=[])
+    report, _ = _lang(tmp_path, lm_text=[], lm_arpa=str(out / "lm.arpa"))  # an ARPA model as the other component
+    assert report["lm_mix"]["components"] == ["transcripts", str(out / "lm.arpa")] and report["words"] == 12

@@ -178,13 +178,19 @@ def prune_arpa(model: Arpa, max_ngrams: int) -> Arpa:
     fit. So a trigram that matters more than a bigram outlives it, and a small budget keeps the
     model's most useful trigrams instead of dropping the whole highest order first."""
     above = [g for g in model.prob if len(g) > 1]
-    if len(above) <= max_ngrams:
-        out = Arpa(dict(model.prob), dict(model.backoff))
-        _renormalise(out)
-        return out
+    kept = set(above) if len(above) <= max_ngrams else _most_important(model, above, max_ngrams)
+    out = Arpa({g: p for g, p in model.prob.items() if len(g) == 1 or g in kept},
+               {g: b for g, b in model.backoff.items() if len(g) == 1 or g in kept})
+    _renormalise(out)
+    return out
+
+
+def _most_important(model: Arpa, grams: list[tuple[str, ...]], max_ngrams: int) -> set[tuple[str, ...]]:
+    """At most ``max_ngrams`` of ``grams``, from the highest weighted-difference score down, each with the
+    shorter n-grams (of order 2 and above) that are its history."""
     cache: dict = {}
     scores = []
-    for gram in above:
+    for gram in grams:
         history, word = gram[:-1], gram[-1]
         lower = model.backoff.get(history, 0.0) + model.log10p(word, history[1:])
         joint = 10 ** (_history_log10p(model, history, cache) + model.prob[gram])
@@ -199,10 +205,7 @@ def prune_arpa(model: Arpa, max_ngrams: int) -> Arpa:
             kept.update(new)
         if len(kept) == max_ngrams:
             break
-    out = Arpa({g: p for g, p in model.prob.items() if len(g) == 1 or g in kept},
-               {g: b for g, b in model.backoff.items() if len(g) == 1 or g in kept})
-    _renormalise(out)
-    return out
+    return kept
 
 
 def _renormalise(model: Arpa) -> None:

@@ -38,7 +38,6 @@ def limit_vocabulary(model: Arpa, vocabulary: set[str]) -> Arpa:
     shift = -math.log10(mass)
     for gram in [g for g in out.prob if len(g) == 1 and g[0] != BOS]:
         out.prob[gram] += shift
-    out.refresh()
     _renormalise(out)
     return out
 

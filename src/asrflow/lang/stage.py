@@ -144,7 +144,7 @@ def interpolated_lm(config: dict[str, Any], texts: list[str]) -> tuple[Arpa, dic
         names.append(entry)
     if external is not None:
         others.append(limit_vocabulary(external, vocabulary))
-        names.append("lm_arpa")
+        names.append(lang["lm_arpa"])
     info: dict[str, Any] = {"components": ["transcripts", *names], "vocabulary": len(vocabulary)}
     if lang["lm_weights"] is not None:
         weights = list(lang["lm_weights"])
