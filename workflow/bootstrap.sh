@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine and run asrflow:
 #   bash workflow/bootstrap.sh run    [snakemake args]   # the default experiment (FSDD)
-#   bash workflow/bootstrap.sh test   [pytest args]      # the test suite (what .ci/run calls)
+#   bash workflow/bootstrap.sh test   [pytest args]      # the test suite (what .ci/run calls); -n 0: one process
 #   bash workflow/bootstrap.sh lint   [ruff args]        # ruff check . (also called by .ci/run)
 # Creates .venv (or $ASRFLOW_VENV) and installs the pinned package when needed. Corpora are downloaded from
 # their canonical sources unless ASRFLOW_DATA_MIRROR names a local mirror of them.
@@ -35,7 +35,9 @@ command=${1:-}
 [ $# -gt 0 ] && shift
 case "$command" in
   run)  exec snakemake --cores all "$@" ;;
-  test) exec python -m pytest -q "$@" ;;
+  # pytest-xdist: a worker per core (at most 4); the workflow runs, which share the yesno run, stay in one
+  # worker (--dist loadgroup) while the others take the unit tests into the cores those runs leave idle
+  test) exec python -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadgroup "$@" ;;
   lint)
     if ! python -m ruff --version >/dev/null 2>&1; then
       echo "asrflow: ruff is not installed in $venv (it comes with the test extras: pip install -e \".[test]\")" >&2
