@@ -41,12 +41,14 @@ def test_bench_pairs_each_parallel_run_with_a_single_learner(pairing: str, tmp_p
 
     import asrflow.parallel.bench as bench
 
-    calls, running, overlaps = [], [], []
+    calls, running, overlaps, pins = [], [], [], []
     lock = threading.Lock()
 
-    def fake_run(config_files, system, paths, parallel, epochs, threads, timeout=3600, trace=None):
+    def fake_run(config_files, system, paths, parallel, epochs, threads, timeout=3600, trace=None, warmup=0,
+                 pin_from=None):
         with lock:
             calls.append((parallel["learners"], trace.name))
+            pins.append((parallel["learners"], pin_from))
             overlaps.append(len(running))
             running.append(parallel["learners"])
         time.sleep(0.05)
@@ -58,12 +60,17 @@ def test_bench_pairs_each_parallel_run_with_a_single_learner(pairing: str, tmp_p
     monkeypatch.setattr(bench, "run_learners", fake_run)
     logged: list[str] = []
     first, rows = bench.bench_parallel(["c.yaml"], "dnn", {}, [{"strategy": "ring", "batch": "learner"}], [1, 2],
-                                       epochs=1, repeats=3, log=logged.append, trace_dir=tmp_path, pairing=pairing)
+                                       epochs=1, repeats=3, log=logged.append, trace_dir=tmp_path, pairing=pairing,
+                                       pin=True)
     singles = sum(1 for n, _ in calls if n == 1)
     assert singles == (4 if pairing == "concurrent" else 3)  # the opening run, then one per pair (the first reused)
     assert (max(overlaps) == 1) == (pairing == "concurrent")
     assert len({name for _, name in calls}) == len(calls) and all(name[:3].isdigit() for _, name in calls)
     assert rows[0]["measured_speedups"] == [pytest.approx(40 / 21, abs=1e-3)] * 3 and rows[0]["pairing"] == pairing
+    assert rows[0]["speedup_min"] == rows[0]["speedup_max"] and rows[0]["pairs"] == 3
+    # pinned: the parallel learners from core 0; a concurrent single learner on the core after theirs
+    assert {pin for n, pin in pins if n == 2} == {0}
+    assert {pin for n, pin in pins if n == 1} == ({0, 2} if pairing == "concurrent" else {0})
     assert sum(f"({pairing})" in line for line in logged) == 3
     with pytest.raises(ValueError, match="pairing"):
         bench.bench_parallel(["c.yaml"], "dnn", {}, [], [1], epochs=1, pairing="after")

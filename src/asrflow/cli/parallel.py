@@ -124,6 +124,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_rows,
     )
 
+    if not args.steps and not (args.data and args.features and args.gmm):
+        raise SystemExit("asrflow bench parallel: give --data, --features and --gmm (a corpus split), "
+                         "or --steps (a synthetic split)")
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm}
     variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch,
                  **({"k": args.k, "overlap": args.overlap} if s == "kavg" else {})} for s in args.strategies.split(",")]
@@ -132,7 +135,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                  if c != "none" for s in ("allreduce", "ring", "kavg") if s in args.strategies.split(",")]
     baseline, rows = bench_parallel(args.config, args.system, paths, variants, _ints(args.learners), args.epochs,
                                     args.threads, args.repeats, log=_log, trace_dir=args.trace,
-                                    pairing=args.pairing)
+                                    pairing=args.pairing, warmup=args.warmup, pin=args.pin, steps=args.steps,
+                                    length=args.utterance_frames)
     for row in rows:
         print(json.dumps({k: row[k] for k in ROW_KEYS}))
     print(table(rows))
@@ -197,12 +201,12 @@ def register(sub: Any, bench: Any) -> None:
     _network_args(p)
     p.set_defaults(func=cmd_simulate)
 
-    def data_args(p: argparse.ArgumentParser) -> None:
+    def data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
         """Add the system, data and strategy options of ``emulate`` and ``bench parallel`` to ``p``."""
         p.add_argument("--system", default="dnn", help="a hybrid network of nnet.models")
         p.add_argument("--train", default="train")
         for name in ("data", "features", "gmm"):
-            p.add_argument(f"--{name}", required=True)
+            p.add_argument(f"--{name}", required=required)
         p.add_argument("--strategies", default=DEFAULT_STRATEGIES)
         p.add_argument("--threads", type=int, default=1, help="torch threads per learner")
 
@@ -215,15 +219,21 @@ def register(sub: Any, bench: Any) -> None:
     p.set_defaults(func=cmd_emulate)
 
     p = with_config(bench.add_parser("parallel", help="measured speedup of each strategy vs the timing model"))
-    data_args(p)
+    data_args(p, required=False)
+    p.add_argument("--steps", type=int, help="timed minibatches per learner on a synthetic split of equal "
+                   "utterances (no --data, --features, --gmm; one epoch); default: --epochs of the corpus split")
+    p.add_argument("--warmup", type=int, default=3, help="steps of each run left out of the timing")
+    p.add_argument("--utterance-frames", type=int, default=400, help="with --steps: frames per utterance")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="each learner on a core of its own (os.sched_setaffinity)")
     p.add_argument("--compressions", default="none,1bit", help="also bench allreduce/ring/kavg with these")
     p.add_argument("--learners", default="1,2", help="learner processes (1 is the baseline)")
     p.add_argument("--group-size", type=int, default=1, help="hierarchical: learners per group in the bench")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", choices=["global", "learner"], default="global",
                    help="nnet.parallel.batch: max_frames split over the learners, or max_frames each")
-    p.add_argument("--repeats", type=int, default=1, help="paired runs (one learner, then the strategy) per "
-                   "setting; the median speedup is kept")
+    p.add_argument("--repeats", type=int, default=5, help="paired runs (one learner, then the strategy) per "
+                   "setting; the median speedup is kept, with its min-max and interquartile range")
     p.add_argument("--pairing", choices=["before", "concurrent"], default="before",
                    help="each pair's single learner runs before the parallel run, or at the same time on spare "
                    "cores (both see the same drift of the machine)")
