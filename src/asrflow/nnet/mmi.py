@@ -111,55 +111,44 @@ class _Forward(torch.autograd.Function):
     """The forward algorithm with its own backward pass (the arc posteriors), rather than autograd
     through every frame: the forward probabilities are renormalised every frame, so long
     utterances neither underflow nor overflow, and the backward probabilities are scaled by the
-    same normalisers, so that Σ_s α_t(s) β_t(s) = 1 at every frame.
-
-    The arcs' emission weights of every frame are gathered once, and zero on padding frames, so
-    each frame of the recursions is a gather, a product and a scatter into a preallocated row
-    (the per-frame work that dominates on small graphs is a handful of tensor operations); the
-    arc posteriors are formed after the backward pass, many frames per operation.
-    """
+    same normalisers, so that Σ_s α_t(s) β_t(s) = 1 at every frame."""
 
     @staticmethod
     def forward(ctx, loglikes: torch.Tensor, lengths: torch.Tensor, graph: DenominatorGraph) -> torch.Tensor:
         batch, frames, _ = loglikes.shape
-        device = loglikes.device
         shift = loglikes.amax(dim=2)  # (B, T): each frame's likelihoods rescaled into (0, 1]
-        active = torch.arange(frames, device=device)[None, :] < lengths[:, None]  # (B, T)
-        emit = torch.exp(loglikes - shift[:, :, None])[:, :, graph.pdf] * graph.weight * active[:, :, None]
-        emit = emit.transpose(0, 1).contiguous()  # (T, B, A): zero on padding frames
-        alphas = torch.zeros(frames + 1, batch, graph.num_states, dtype=torch.float64, device=device)
+        probs = torch.exp(loglikes - shift[:, :, None])
+        alphas = torch.zeros(frames + 1, batch, graph.num_states, dtype=torch.float64, device=loglikes.device)
         alphas[0, :, graph.start] = 1.0
-        sums = torch.empty(frames, batch, 1, dtype=torch.float64, device=device)
+        norms = torch.ones(frames, batch, dtype=torch.float64, device=loglikes.device)
+        active = torch.arange(frames, device=loglikes.device)[:, None] < lengths[None, :]  # (T, B)
         for t in range(frames):
-            alphas[t + 1].index_add_(1, graph.dst, alphas[t][:, graph.src] * emit[t])
-            torch.sum(alphas[t + 1], dim=1, keepdim=True, out=sums[t])
-            alphas[t + 1].div_(sums[t].clamp_min(1e-300))  # padding frames: all zero, and stay so
-        norms = torch.where(active.T, sums[:, :, 0], 1.0)  # (T, B)
-        last = alphas[lengths, torch.arange(batch, device=device)]  # (B, S): α at each utterance's end
-        final = (last * graph.final).sum(dim=1).clamp_min(1e-300)
-        ctx.save_for_backward(emit, alphas, norms, final, lengths)
-        ctx.graph, ctx.num_pdfs = graph, loglikes.shape[2]
-        return torch.log(norms).sum(dim=0) + (shift * active).sum(dim=1) + torch.log(final)
+            arcs = alphas[t][:, graph.src] * graph.weight * probs[:, t, graph.pdf]
+            new = torch.zeros_like(alphas[t]).index_add_(1, graph.dst, arcs)
+            norm = new.sum(dim=1).clamp_min(1e-300)
+            alphas[t + 1] = torch.where(active[t][:, None], new / norm[:, None], alphas[t])
+            norms[t] = torch.where(active[t], norm, 1.0)
+        final = (alphas[frames] * graph.final).sum(dim=1).clamp_min(1e-300)
+        ctx.save_for_backward(probs, alphas, norms, final, active)
+        ctx.graph = graph
+        return torch.log(norms).sum(dim=0) + (shift * active.T).sum(dim=1) + torch.log(final)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        emit, alphas, norms, final, lengths = ctx.saved_tensors
+        probs, alphas, norms, final, active = ctx.saved_tensors
         graph: DenominatorGraph = ctx.graph
-        frames, batch, _ = emit.shape
-        betas = torch.zeros_like(alphas)  # (T + 1, B, S); β at each utterance's end: its final weights
-        betas[lengths, torch.arange(batch, device=emit.device)] = graph.final[None, :] / final[:, None]
-        for t in range(frames - 1, -1, -1):  # padding frames emit nothing: their β stays as set
-            betas[t].index_add_(1, graph.src, emit[t] * betas[t + 1][:, graph.dst])
-            betas[t].div_(norms[t][:, None])
-        num_pdfs = ctx.num_pdfs
-        occupancy = torch.zeros(frames, batch, num_pdfs, dtype=torch.float64, device=emit.device)
-        step = max(1, 4_000_000 // max(1, batch * emit.shape[2]))  # frames of arc posteriors at a time
-        for t in range(0, frames, step):
-            span = slice(t, min(frames, t + step))
-            posterior = (alphas[span][:, :, graph.src] * emit[span] * betas[t + 1:span.stop + 1][:, :, graph.dst]
-                         / norms[span][:, :, None])  # arc posteriors; each active frame's sum to 1
-            occupancy[span].index_add_(2, graph.pdf, posterior)
-        return grad[:, None, None] * occupancy.transpose(0, 1), None, None
+        batch, frames, num_pdfs = probs.shape
+        occupancy = torch.zeros_like(probs)
+        beta = graph.final[None, :] / final[:, None]
+        for t in range(frames - 1, -1, -1):
+            emit = graph.weight * probs[:, t, graph.pdf] * beta[:, graph.dst] / norms[t][:, None]  # (B, A)
+            posterior = alphas[t][:, graph.src] * emit  # arc posteriors of frame t; sum to 1
+            occupancy[:, t] = torch.zeros(batch, num_pdfs, dtype=torch.float64,
+                                          device=probs.device).index_add_(1, graph.pdf, posterior)
+            previous = torch.zeros_like(beta).index_add_(1, graph.src, emit)
+            beta = torch.where(active[t][:, None], previous, beta)
+        occupancy *= active.T[:, :, None]
+        return grad[:, None, None] * occupancy, None, None
 
 
 def mmi(loglikes: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor,
