@@ -38,7 +38,8 @@ from asrflow.parallel.timing import StepTimes, predict_speedup
 
 ROW_KEYS = ("strategy", "learners", "compression", "batch", "measured_speedup", "speedup_min", "speedup_max",
             "speedup_iqr", "pairs", "predicted_speedup", "gap_to_predicted", "spread_exceeds_gap",
-            "split_efficiency", "predicted_split", "t_calc", "t_transmit", "t_merge", "bytes_per_step")
+            "split_efficiency", "predicted_split", "t_calc", "t_transmit", "t_merge", "bytes_per_step",
+            "timed_steps", "warmup_steps", "threads", "pinned")
 
 
 def free_port() -> int:
