@@ -76,3 +76,13 @@ def test_the_bench_gives_every_learner_its_steps_pinned_and_reports_the_spread(t
     assert row["measured_speedup"] > 0 and row["predicted_speedup"] > 1 and row["t_calc"] > 0
     assert row["bytes_per_step"] > 0 and isinstance(row["spread_exceeds_gap"], bool)
     assert sum(line.startswith("  pair") for line in logged) == 1
+
+
+def test_the_command_needs_a_corpus_split_or_steps() -> None:
+    from asrflow.cli import main
+
+    config = str(REPO / "config" / "config.yaml")
+    with pytest.raises(SystemExit, match="--data, --features and --gmm .* or --steps"):
+        main(["bench", "parallel", "-c", config])
+    with pytest.raises(SystemExit, match="--emulate-learners none"):
+        main(["bench", "parallel", "-c", config, "--steps", "3", "--study"])

@@ -127,6 +127,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not args.steps and not (args.data and args.features and args.gmm):
         raise SystemExit("asrflow bench parallel: give --data, --features and --gmm (a corpus split), "
                          "or --steps (a synthetic split)")
+    if args.steps and args.study and args.emulate_learners != "none" and not args.data:
+        raise SystemExit("asrflow bench parallel: the study's emulation trains on a corpus split; with --steps "
+                         "give --data, --features and --gmm too, or --emulate-learners none")
     paths = {"train": args.train, "data": args.data, "features": args.features, "gmm": args.gmm}
     variants = [{"strategy": s, "group_size": args.group_size if s == "hierarchical" else 2, "batch": args.batch,
                  **({"k": args.k, "overlap": args.overlap} if s == "kavg" else {})} for s in args.strategies.split(",")]
