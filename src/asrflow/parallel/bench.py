@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import os
 import socket
@@ -183,7 +182,6 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
         raise ValueError(f"pairing must be before or concurrent, not {pairing!r}")
     runs = iter(range(10 ** 6))
     splits: dict[tuple[int, str], dict[str, str]] = {}
-    workdir = tempfile.TemporaryDirectory(prefix="asrflow-bench-split-") if steps else None
 
     def trace(name: str) -> Path | None:
         return Path(trace_dir) / f"{next(runs):03d}-{name}" if trace_dir else None
@@ -193,13 +191,12 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
         if not steps:
             return paths
         if (n, batch) not in splits:
-            from asrflow.config import load_config
+            from asrflow.config import load_config, settings
 
             config = load_config(*config_files)
-            model, max_frames = config["nnet"]["models"][system], config["nnet"]["train"]["max_frames"]
-            max_frames = model.get("train", {}).get("max_frames", max_frames)
-            frames = synthetic_frames(steps, warmup, n, max_frames, length, batch)
-            root = synthetic_split(Path(workdir.name) / f"{n}-{batch}", frames, length, model["objective"])
+            frames = synthetic_frames(steps, warmup, n, settings.training(config, system).max_frames, length, batch)
+            root = synthetic_split(Path(workdir) / f"{n}-{batch}", frames, length,
+                                   config["nnet"]["models"][system]["objective"])
             splits[(n, batch)] = {"synthetic": str(root)}
         return splits[(n, batch)]
 
@@ -222,7 +219,7 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
         baseline = single() if fresh_baseline else first
         return baseline, run(parallel, name, 0)
 
-    try:
+    with tempfile.TemporaryDirectory(prefix="asrflow-bench-split-") as workdir:
         if trace_dir:
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
         first = single()
@@ -247,9 +244,6 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
                 log(json.dumps({k: row[k] for k in (*ROW_KEYS, "measured_speedups")}))
                 rows.append(row)
         return first, rows
-    finally:
-        if workdir is not None:
-            workdir.cleanup()
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -354,8 +348,7 @@ def _synthetic_data(root: Path, config: dict[str, Any], system: str, world: int)
     with np.load(root / "targets.npz") as stored:
         targets = {utt: stored[utt] for utt in stored.files}
     dataset = FeatureDataset(root / "data", root / "feats", "train", targets, frame_targets=objective == "hybrid")
-    valid = copy.copy(dataset)
-    valid.items = dataset.items[:world]
+    valid = dataset.part(0, max(1, len(dataset) // world))  # about one utterance a learner
     return dataset, valid, HYBRID_CLASSES if objective == "hybrid" else CTC_UNITS, objective
 
 
