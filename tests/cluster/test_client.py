@@ -1,9 +1,15 @@
+import os
+import time
+from pathlib import Path
+
 import pytest
 from dask.distributed import Client, LocalCluster
+from distributed.client import FutureCancelledError
+from distributed.comm.core import CommClosedError
 
 from asrflow.cluster import dask_client, run_sharded, shard
 from asrflow.cluster.cache import DEFAULT_BUDGET
-from asrflow.cluster.client import workers_now
+from asrflow.cluster.client import lost_worker, workers_now
 
 
 def square_all(xs: list[int]) -> list[int]:
@@ -279,3 +285,42 @@ def test_a_worker_holds_a_few_shards_to_come_not_its_share_of_the_corpus() -> No
     with dask_client(cfg, log=lambda *_: None) as client:
         assert run_reduced(client, _tasks_here, list(range(60)), combine=max, chains=2) <= 8
         assert max(run_sharded(client, _tasks_here, list(range(60)))) <= 8
+
+
+def wait_for(flag: str, blob: bytes) -> int:
+    """Block until ``flag`` exists (never, in the test), holding ``blob``."""
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+    return len(blob)
+
+
+def test_a_lost_worker_is_a_clear_error_of_the_stage(tmp_path: Path, monkeypatch, capsys) -> None:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        blob = client.scatter(b"model" * 100, workers=[worker])  # as run_reduced scatters the model
+        future = client.submit(wait_for, str(tmp_path / "never"), blob, workers=[worker], pure=False)
+        time.sleep(0.5)
+        with pytest.raises(CommClosedError):
+            client.run(os._exit, 1, workers=[worker])  # the worker dies: its connection closes
+        with pytest.raises(FutureCancelledError) as lost:
+            future.result(timeout=60)
+    assert "Dask worker was lost" in lost_worker(lost.value)
+    assert lost_worker(ValueError("a bug")) is None
+
+    import asrflow.cli.gmm
+
+    def stage(args):
+        raise lost.value
+
+    monkeypatch.setattr(asrflow.cli.gmm, "cmd_gmm", stage)
+    from asrflow.cli import main
+
+    assert main(["gmm", "--config", "c.yaml", "--system", "mono", "--train", "train", "--data", "d",
+                 "--features", "f", "--lang", "l", "--out", "o"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("asrflow: error: a Dask worker was lost") and "--rerun-incomplete" in err
+    monkeypatch.setattr(asrflow.cli.gmm, "cmd_gmm", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # anything else is still a bug's traceback
+        main(["gmm", "--config", "c.yaml", "--system", "mono", "--train", "train", "--data", "d",
+              "--features", "f", "--lang", "l", "--out", "o"])

@@ -60,3 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             NnetError, ParallelError, FileNotFoundError) as exc:
         print(f"asrflow: error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        from asrflow.cluster.client import lost_worker
+
+        if (message := lost_worker(exc)) is None:
+            raise
+        print(f"asrflow: error: {message}", file=sys.stderr)
+        return 1

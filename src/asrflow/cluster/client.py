@@ -103,6 +103,19 @@ def dask_client(dask_cfg: dict[str, Any], workers: int | None = None, log=print)
             cluster.close()
 
 
+def lost_worker(exc: BaseException) -> str | None:
+    """What to tell the user when ``exc`` is Dask's report of a worker that died or was dropped mid-stage (its
+    results, or data scattered to it, are gone: ``KilledWorker``, ``FutureCancelledError``), else None."""
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+
+    if not isinstance(exc, (KilledWorker, FutureCancelledError)):
+        return None
+    return (f"a Dask worker was lost while this stage ran ({exc}): it died, ran out of memory or stopped "
+            f"answering the scheduler. Run the stage again (snakemake: add --rerun-incomplete); GMM training "
+            f"resumes from its last finished iteration (its --state folder), other stages start over")
+
+
 def peak_rss_mb() -> float:
     """This process's own peak resident memory so far (MB): Linux's ``VmHWM``.
 
