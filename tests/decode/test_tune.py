@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from asrflow.data.holdout import held_out_speakers
-from asrflow.decode.tune import AXES, choose, grid_points, neighbourhood_mean, spread, tuned_settings, visit
+from asrflow.decode.tune import AXES, at_edge, choose, grid_points, neighbourhood_mean, spread, tuned_settings, visit
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
 
 
@@ -186,3 +186,17 @@ def test_held_out_groups_are_read_from_the_training_data_dir(tmp_path: Path) -> 
 
     with pytest.raises(ConfigError, match="evaluation.groups, which is empty"):
         make_config(tmp_path, nnet={"hold_out": "groups"})
+
+
+def test_an_optimum_at_the_end_of_a_list_is_flagged_only_when_it_beats_its_neighbour() -> None:
+    # acoustic scale (rows) x penalty (columns); the best scale is the smallest listed
+    errors = [10, 12, 14,
+              11, 13, 15,
+              12, 14, 16]
+    assert at_edge(errors, (3, 3), choose(errors, (3, 3)), ["scale", "penalty"]) == {"scale": "smallest",
+                                                                                     "penalty": "smallest"}
+    assert at_edge([5, 3, 4], (3,), 1, ["scale"]) == {}  # inside the list
+    assert at_edge([4, 4, 5], (3,), 0, ["scale"]) == {}  # a tie with the neighbour: flat, not beyond
+    assert at_edge([6, 5, 3], (3,), 2, ["scale"]) == {"scale": "largest"}
+    assert at_edge([3, float("nan")], (2,), 0, ["scale"]) == {}  # the neighbour was not visited
+    assert at_edge([3], (1,), 0, ["scale"]) == {}  # a single value is no range

@@ -71,7 +71,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 info = tune_network(config, args.system, args.train, Paths.of(args), client, log=_log)
         run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
         run.log_metrics({"held_out_errors": info["errors"], "held_out_wer": info["wer"],
-                         "held_out_words": info["words"], "grid_points": len(info["grid"])})
+                         "held_out_words": info["words"], "grid_points": len(info["grid"]),
+                         "tuned_at_edge": len(info["at_edge"])})
         run.log_artifact(args.out)
         if adapted is not None:  # a GMM: no MLflow model
             return 0

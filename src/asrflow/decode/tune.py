@@ -80,6 +80,23 @@ def choose(errors: list[float], shape: tuple[int, ...]) -> int:
     return int(tied[np.lexsort((tied, distance))[0]])
 
 
+def at_edge(errors: list[float], shape: tuple[int, ...], best: int, axes: list[str]) -> dict[str, str]:
+    """The axes along which ``best`` (row-major index) lies at the end of its list with fewer errors than its
+    visited neighbour inward: the optimum may lie beyond the list (``{axis: "smallest" | "largest"}``)."""
+    grid = np.asarray(errors, dtype=float).reshape(shape)
+    index = np.unravel_index(best, shape)
+    edges = {}
+    for axis, name in enumerate(axes):
+        size, i = shape[axis], int(index[axis])
+        if size < 2 or i not in (0, size - 1):
+            continue
+        inward = list(index)
+        inward[axis] = 1 if i == 0 else size - 2
+        if not np.isnan(grid[tuple(inward)]) and grid[tuple(index)] < grid[tuple(inward)]:
+            edges[name] = "smallest" if i == 0 else "largest"
+    return edges
+
+
 def visit(shape: tuple[int, ...], search: str,
           evaluate: Callable[[list[tuple[int, ...]]], list[int]], max_rounds: int = 4) -> dict[tuple[int, ...], int]:
     """Errors at the grid points a search visits; ``evaluate(points)`` decodes a batch of points (grid indices).
@@ -218,11 +235,14 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
 
     visit(shape, tune["search"], evaluate)
     grid = [scored[j] for j in sorted(scored)]
-    best = choose([scored[j]["errors"] if j in scored else np.nan for j in range(len(points))], shape)
+    errors = [scored[j]["errors"] if j in scored else np.nan for j in range(len(points))]
+    best = choose(errors, shape)
+    edges = at_edge(errors, shape, best, list(axes))
     info = {"system": system, "objective": objective, "train": train_split, "utterances": len(refs),
             "words": sum(len(t.split()) for t in refs.values()), "oov_rate": oov_rate(refs.values(), vocabulary)[0],
             "axes": list(axes), "search": tune["search"],
-            "chosen": points[best], "errors": scored[best]["errors"], "wer": scored[best]["wer"], "grid": grid}
+            "chosen": points[best], "errors": scored[best]["errors"], "wer": scored[best]["wer"],
+            "at_edge": edges, "grid": grid}
     (out / "tune.json").write_text(json.dumps(info, indent=2) + "\n")
     (out / "grid.tsv").write_text("\t".join([*axes, "errors", "wer"]) + "\n" + "".join(
         "\t".join(str(g[k]) for k in (*axes, "errors", "wer")) + "\n" for g in grid))
@@ -231,6 +251,10 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
         f"({info['words']} words, {100 * info['oov_rate']:.1f} % out of the tuning LM's vocabulary): "
         f"errors from {min(g['errors'] for g in grid)} to {max(g['errors'] for g in grid)}; "
         f"chosen {', '.join(f'{k} {v}' for k, v in points[best].items())} ({info['errors']} errors)")
+    section = "decode.tune" if objective == "gmm" else "nnet.decode.tune"
+    for name, end in edges.items():
+        log(f"warning: {system}'s chosen {name} {points[best][name]} is the {end} of its list and beats its "
+            f"neighbour: the best setting may lie beyond it; widen {section}.{axes[name]}")
     return info
 
 
