@@ -200,3 +200,17 @@ def test_an_optimum_at_the_end_of_a_list_is_flagged_only_when_it_beats_its_neigh
     assert at_edge([6, 5, 3], (3,), 2, ["scale"]) == {"scale": "largest"}
     assert at_edge([3, float("nan")], (2,), 0, ["scale"]) == {}  # the neighbour was not visited
     assert at_edge([3], (1,), 0, ["scale"]) == {}  # a single value is no range
+
+
+def test_the_word_penalty_keeps_a_branching_graph_s_paths_and_their_costs() -> None:
+    # two paths from 0 to 3, loops and an output-epsilon arc; words 1..3
+    fst = kfst.compile("0 1 3 1 0.5\n0 2 4 2 1.0\n1 1 6 0 0.1\n1 3 5 3 0.0\n2 3 7 0 0.2\n3 0.25\n")
+    penalised = add_word_penalty(fst, 1.5)
+    assert penalised.num_states == fst.num_states and penalised.start == fst.start
+
+    def multiset(f: object) -> list[tuple[int, int, float]]:
+        return sorted((i, o, round(w, 6)) for _, i, o, w, _ in fst_arcs(f))
+
+    assert multiset(penalised) == sorted((i, o, round(w + (1.5 if o else 0.0), 6)) for _, i, o, w, _ in fst_arcs(fst))
+    assert multiset(add_word_penalty(fst, 1.5, words=3)) == multiset(penalised)
+    assert penalised.final(3).value == 0.25

@@ -76,7 +76,7 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
     if penalty:
         graph, id2word = _graph(path)
         if _PENALISED.get("key") != (key, penalty):
-            _PENALISED.update(key=(key, penalty), graph=add_word_penalty(graph, penalty))
+            _PENALISED.update(key=(key, penalty), graph=add_word_penalty(graph, penalty, len(id2word) - 1))
         return _PENALISED["graph"], id2word
     if key not in _GRAPHS:
         words = {}
