@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 from asrflow.data.holdout import held_out_speakers
-from asrflow.decode.tune import AXES, at_edge, choose, grid_points, neighbourhood_mean, spread, tuned_settings, visit
+from asrflow.decode.tune import (
+    AXES,
+    at_edge,
+    choose,
+    grid_points,
+    neighbourhood_mean,
+    spread,
+    tuned_settings,
+    visit,
+    walk_line,
+)
 from asrflow.kaldi import add_word_penalty, fst_arcs, kfst
 
 
@@ -214,3 +224,37 @@ def test_the_word_penalty_keeps_a_branching_graph_s_paths_and_their_costs() -> N
     assert multiset(penalised) == sorted((i, o, round(w + (1.5 if o else 0.0), 6)) for _, i, o, w, _ in fst_arcs(fst))
     assert multiset(add_word_penalty(fst, 1.5, words=3)) == multiset(penalised)
     assert penalised.final(3).value == 0.25
+
+
+def test_a_walk_finds_the_bowl_s_optimum_with_fewer_decodes_than_the_coordinate_search() -> None:
+    decoded: list[tuple[int, ...]] = []
+
+    def evaluate(points):
+        decoded.extend(points)
+        return [_bowl(p) for p in points]
+
+    line = visit((7, 5), "coordinate", evaluate)
+    decoded.clear()
+    walk = visit((7, 5), "walk", evaluate)
+    shape = (7, 5)
+    assert np.unravel_index(choose([walk.get(p, float("nan")) for p in np.ndindex(shape)], shape), shape) == (4, 2)
+    assert len(walk) < len(line) and len(decoded) == len(set(decoded)) == len(walk)
+
+
+def test_a_walk_stops_at_the_first_point_worse_than_the_best_of_its_line() -> None:
+    curve = [669, 634, 662, 735, 781, 844]  # a held-out error curve over the acoustic scales
+    decoded: list[int] = []
+
+    def evaluate(points):
+        decoded.extend(i for i, in points)
+        return [curve[i] for i, in points]
+
+    errors: dict[tuple[int, ...], int] = {}
+    walk_line([(i,) for i in range(6)], 0, errors, evaluate)
+    assert decoded == [0, 1, 2]
+    decoded.clear()
+    walk_line([(i,) for i in range(6)], 4, {}, evaluate)  # from the middle: both ways, down to the minimum
+    assert sorted(decoded) == [0, 1, 2, 3, 4, 5]
+    decoded.clear()
+    walk_line([(i,) for i in range(6)], 1, {}, evaluate)
+    assert sorted(decoded) == [0, 1, 2]

@@ -13,7 +13,9 @@ stopping), and the test sets are decoded once, with the winner:
 One forward pass per shard serves the whole grid (``search: grid``), or each line of a
 coordinate search (``search: coordinate``: one setting's list at a time, the others fixed at
 their best so far, until nothing changes; about the sum of the lists' lengths in decodes
-instead of their product). Held-out sets are small, so several settings often tie on errors;
+instead of their product), or each step of a walk (``search: walk``: the coordinate search's
+rounds, each list walked from the current value while the errors fall; a few decodes per list).
+Held-out sets are small, so several settings often tie on errors;
 the tie goes to the setting whose (visited) grid neighbours make the fewest errors, and then to
 the middle of what is still tied (a flat optimum's centre rather than its edge).
 
@@ -103,7 +105,8 @@ def visit(shape: tuple[int, ...], search: str,
 
     ``grid``: every point, in one batch. ``coordinate``: from index 0 of every axis, a line along one axis at a
     time (one batch of the points not yet visited) moves to its chosen point (:func:`choose`), until a round
-    over every axis moves nowhere (at most ``max_rounds`` rounds).
+    over every axis moves nowhere (at most ``max_rounds`` rounds). ``walk``: the same rounds, but each line is
+    walked from the current point (:func:`walk_line`) instead of decoded whole.
     """
     if search == "grid":
         points = list(np.ndindex(shape))
@@ -114,14 +117,36 @@ def visit(shape: tuple[int, ...], search: str,
         moved = False
         for axis in range(len(shape)):
             line = [current[:axis] + (i,) + current[axis + 1:] for i in range(shape[axis])]
-            if new := [p for p in line if p not in errors]:
+            if search == "walk":
+                walk_line(line, current[axis], errors, evaluate)
+            elif new := [p for p in line if p not in errors]:
                 errors.update(zip(new, evaluate(new)))
-            chosen = line[choose([errors[p] for p in line], (shape[axis],))]
+            chosen = line[choose([errors.get(p, np.nan) for p in line], (len(line),))]
             moved |= chosen != current
             current = chosen
         if not moved:
             break
     return errors
+
+
+def walk_line(line: list[tuple[int, ...]], start: int, errors: dict[tuple[int, ...], int],
+              evaluate: Callable[[list[tuple[int, ...]]], list[int]]) -> None:
+    """Walk ``line`` (grid points in list order) outwards from index ``start``, one step in each open direction
+    per batch, adding what is decoded to ``errors``; a direction closes at its end or at a point with more
+    errors than the best of the line so far (a line search: for the unimodal curves of an LM weight or a
+    penalty, the lists' optimum for a few decodes instead of the whole list)."""
+    if line[start] not in errors:
+        errors.update(zip([line[start]], evaluate([line[start]])))
+    low = high = start
+    down, up = start > 0, start < len(line) - 1
+    while down or up:
+        steps = ([low - 1] if down else []) + ([high + 1] if up else [])
+        if new := [line[i] for i in steps if line[i] not in errors]:
+            errors.update(zip(new, evaluate(new)))
+        low, high = min(low, *steps), max(high, *steps)
+        best = min(errors[line[i]] for i in range(low, high + 1))
+        down = down and low > 0 and errors[line[low]] <= best
+        up = up and high < len(line) - 1 and errors[line[high]] <= best
 
 
 def spread(utterances: set[str], limit: int | None) -> set[str]:
