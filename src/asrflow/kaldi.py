@@ -78,4 +78,4 @@ def add_word_penalty(fst, penalty: float, words: int | None = None):
     for word in range(1, words + 1):
         copy.add_arc(0, kfst.StdArc(word, word, kfst.TropicalWeight(penalty), 0))
     kfst.arcsort(copy, sort_type="ilabel")
-    return kfst.compose(fst, copy, connect=False)
+    return kfst.compose(fst, copy, match_side="right", connect=False)
