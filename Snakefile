@@ -67,6 +67,7 @@ include: "rules/report.smk"
 localrules:
     all,
     graph,
+    graph_heldout,
     graph_ctc,
     score,
     compare,

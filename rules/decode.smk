@@ -26,6 +26,27 @@ rule graph:
         "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
 
 
+# The HCLG of the held-out LM (rule lang_heldout) for a GMM's tree: every system decoded through
+# that tree (the GMM, its _fmllr, the hybrids on its alignments) tunes with it.
+rule graph_heldout:
+    input:
+        lang=f"{RESULTS}/lang/{{train}}_heldout",
+        model=f"{RESULTS}/gmm/{{train}}/{{system}}",
+    output:
+        directory(f"{RESULTS}/graph/{{train}}_heldout/{{system}}"),
+    wildcard_constraints:
+        train="[^/]*train",
+        system=system_pattern(GMM_SYSTEMS),
+    log:
+        f"{RESULTS}/logs/graph.{{train}}_heldout.{{system}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/graph.{{train}}_heldout.{{system}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
+
+
 rule graph_ctc:
     input:
         lang=f"{RESULTS}/lang/{{train}}",
@@ -113,7 +134,7 @@ rule tune_nnet:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "tune", system=wildcards.system),
-        optional=lambda wildcards, input: optional_args(input, "gmm", "graph"),
+        optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "heldout_lang", "heldout_graph"),
     threads: dask_threads(config, workflow.cores)
     resources:
         mem_mb=job_resource("tune", "mem_mb", reads="train"),  # MB (sbatch --mem)
@@ -156,4 +177,5 @@ rule tune_gmm:
     shell:
         "asrflow tune --config {params.config} --system {wildcards.system} --train {wildcards.train}"
         " --model {input.model} --data {input.data} --features {input.features} --lang {input.lang}"
+        " --heldout-lang {input.heldout_lang} --heldout-graph {input.heldout_graph}"
         " --out {output} --workers {threads} > {log} 2>&1"

@@ -44,6 +44,8 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
                  "features.low_freq", "features.high_freq", "features.snip_edges", "features.shard_utts",
                  "features.compress", "features.{kind}"),
     "lang": ("lang",),
+    # the held-out utterances (seed, nnet.valid_fraction, nnet.hold_out; with hold_out groups, the groups)
+    "lang_heldout": ("lang", "seed", "nnet.valid_fraction", "nnet.hold_out", "evaluation.groups"),
     # one system's section: adding or changing another system's does not retrain this one
     "gmm": ("seed", "gmm.shard_utts", "gmm.hold_out", "nnet.valid_fraction", "nnet.hold_out", "gmm.{system}"),
     "align": ("gmm.shard_utts", "gmm.{system}"),
@@ -232,10 +234,20 @@ def gmm_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[st
 
 
 def gmm_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of tuning GMM ``system``'s decoder on the held-out utterances of ``train`` (its graph is not
-    needed: the tune stage builds one with the held-out LM)."""
+    """Inputs of tuning GMM ``system``'s decoder on the held-out utterances of ``train``: instead of its graph,
+    the held-out LM's lang and its HCLG for the system's tree (:func:`heldout_inputs`)."""
     inputs = gmm_system_inputs(config, train, system)
     del inputs["graph"]
+    return {**inputs, **heldout_inputs(config, train, system.removesuffix("_fmllr"))}
+
+
+def heldout_inputs(config: dict[str, Any], train: str, gmm: str | None) -> dict[str, str]:
+    """What tuning on ``train``'s held-out utterances decodes with: the lang whose LM has not seen them (rule
+    lang_heldout) and, for a system decoded through GMM ``gmm``'s tree, that lang's HCLG (rule graph_heldout)."""
+    root = results_dir(config)
+    inputs = {"heldout_lang": f"{root}/lang/{train}_heldout"}
+    if gmm is not None:
+        inputs["heldout_graph"] = f"{root}/graph/{train}_heldout/{gmm}"
     return inputs
 
 
@@ -330,8 +342,11 @@ def network_inputs(config: dict[str, Any], train: str, system: str) -> dict[str,
 
 
 def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
-    """Inputs of tuning network ``system``'s decoder: the network and what it was trained with."""
-    return network_inputs(config, train, system)
+    """Inputs of tuning network ``system``'s decoder: the network, what it was trained with, and the held-out
+    LM's lang (with a hybrid's HCLG for its GMM's tree; CTC over phones builds its own TLG)."""
+    hybrid = config["nnet"]["models"][system]["objective"] == "hybrid"
+    gmm = model_alignments(config, system) if hybrid else None
+    return {**network_inputs(config, train, system), **heldout_inputs(config, train, gmm)}
 
 
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:

@@ -340,6 +340,7 @@ def test_sat_trains_on_the_lda_adapted_features_and_networks_can_use_it(tmp_path
         gmm_inputs,
         gmm_tune_inputs,
         nnet_inputs,
+        nnet_tune_inputs,
         results_dir,
         stage_fingerprint,
     )
@@ -369,10 +370,13 @@ def test_sat_trains_on_the_lda_adapted_features_and_networks_can_use_it(tmp_path
     assert gmm_decode_inputs(config, "test", "sat_fmllr") == {
         "data": f"{root}/data", "features": f"{root}/fmllr/train/sat", "lang": f"{root}/lang/train",
         "model": f"{root}/gmm/train/sat", "graph": f"{root}/graph/train/sat", "tune": f"{root}/tune/train/sat_fmllr"}
-    # the GMM tune stage reads the training split's adapted features and builds its own graph
+    # the GMM tune stage reads the training split's adapted features, and the held-out LM's lang and its HCLG
+    # for sat's tree, which sat's hybrids tune with too
     assert gmm_tune_inputs(config, "train", "sat_fmllr") == {
         "data": f"{root}/data", "features": f"{root}/fmllr/train/sat", "lang": f"{root}/lang/train",
-        "model": f"{root}/gmm/train/sat"}
+        "model": f"{root}/gmm/train/sat", "heldout_lang": f"{root}/lang/train_heldout",
+        "heldout_graph": f"{root}/graph/train_heldout/sat"}
+    assert nnet_tune_inputs(config, "train", "dnn_sat")["heldout_graph"] == f"{root}/graph/train_heldout/sat"
     plain, sat = nnet_inputs(config, "train", "dnn"), nnet_inputs(config, "train", "dnn_sat")
     assert (plain["gmm"], plain["features"]) == (f"{root}/gmm/train/tri", f"{root}/fmllr/train/tri")
     assert (sat["gmm"], sat["graph"], sat["features"]) == (

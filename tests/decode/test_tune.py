@@ -138,8 +138,9 @@ def test_no_tune_folder_means_the_configured_settings(tmp_path: Path) -> None:
 
 def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> None:
     """held_out_lang: the lang's symbol tables and lexicon, an LM estimated without the held-out sentences, whose
-    words only they say are out of its vocabulary (as a test set's unseen words are out of the lang's)."""
-    from asrflow.decode.tune import held_out_lang
+    words only they say are out of its vocabulary (as a test set's unseen words are out of the lang's), listed
+    for the tune stages that read the lang instead of making it."""
+    from asrflow.decode.tune import held_out_lang, lm_vocabulary
     from asrflow.lang.stage import prepare_lang
 
     from ..conftest import make_config
@@ -151,7 +152,7 @@ def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> 
     prepare_lang(config, tmp_path / "data", "train", [], tmp_path / "lang", log=lambda *_: None)
     tune_lang, vocabulary = held_out_lang(config, tmp_path / "lang", tmp_path / "data", "train", {"d"},
                                           tmp_path / "tune")
-    assert vocabulary == {"yes", "no"}
+    assert vocabulary == {"yes", "no"} == lm_vocabulary(tune_lang)
     for name in ("words.txt", "phones.txt", "L_disambig.fst", "lexicon.txt", "silence.int"):
         assert (tune_lang / name).read_bytes() == (tmp_path / "lang" / name).read_bytes()
     full, tuning = ((d / "lm.arpa").read_text() for d in (tmp_path / "lang", tune_lang))

@@ -62,6 +62,8 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
         assert tune["objective"] == "gmm" and tune["utterances"] == 6 and len(tune["grid"]) == 30, tune
         assert tune["oov_rate"] == 0.0  # yes and no are in every training transcript
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
+        assert not (res / "tune" / "train" / system / "graph").exists()  # graph/train_heldout/<gmm>: built once
+    assert sorted(p.name for p in (res / "graph" / "train_heldout").iterdir()) == ["lda", "mono", "sat", "tri"]
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31
     pdfs = read_alignments(res / "gmm" / "train" / "tri" / "ali", "pdfs")
@@ -117,9 +119,9 @@ def test_feature_option_reruns_only_features(yesno_run: Path, tmp_path: Path) ->
     # a corpus option reruns the data stage and everything after it
     overlay.write_text("audio:\n  min_duration: 0.2\n")
     out = snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO), str(overlay))
-    assert jobs_planned(out.stdout) == {"data", "features", "lang", "gmm", "align", "fmllr", "graph", "graph_ctc",
-                                        "decode", "nnet", "ensemble", "tune_gmm", "tune_nnet",
-                                        "decode_nnet", "score", "compare", "all"}
+    assert jobs_planned(out.stdout) == {"data", "features", "lang", "lang_heldout", "gmm", "align", "fmllr", "graph",
+                                        "graph_heldout", "graph_ctc", "decode", "nnet", "ensemble", "tune_gmm",
+                                        "tune_nnet", "decode_nnet", "score", "compare", "all"}
     snakemake(yesno_run, "-n", "--cores", "2", "--configfile", str(YESNO))  # restore resolved config
 
 
@@ -186,7 +188,10 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         assert tune["utterances"] == manifest["valid_utterances"] and tune["chosen"] in [
             {k: g[k] for k in tune["axes"]} for g in tune["grid"]]
-        assert (res / "tune" / "train" / system / "lang" / "G.fst").is_file()  # the LM without the held-out texts
+        # every system tunes with the one LM without the held-out texts, a hybrid through its GMM tree's HCLG of it
+        assert (res / "lang" / "train_heldout" / "G.fst").is_file()
+        assert not (res / "tune" / "train" / system / "lang").exists()
+        assert (res / "tune" / "train" / system / "graph").exists() == (system == "ctc_phone")  # its own TLG
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     plain, sp = (json.loads((res / "nnet" / "train" / s / "manifest.json").read_text()) for s in ("dnn", "dnn_sp"))

@@ -91,6 +91,8 @@ def cmd_lang(args: argparse.Namespace) -> int:
     from asrflow.tracking import stage_run
 
     config = _load(args)
+    if args.heldout_of:
+        return _heldout_lang(config, args)
     with stage_run(config, f"lang-{args.train}", resolved_config=args.config[-1]) as run:
         report = prepare_lang(config, args.data, args.train, args.tests, args.out, log=_log)
         run.log_metrics({"words": report["words"], "phones": report["phones"],
@@ -101,6 +103,19 @@ def cmd_lang(args: argparse.Namespace) -> int:
                          **{f"{t}.perplexity": v["perplexity"] for t, v in report["test_sets"].items()}})
         for name in ("manifest.json", "lexicon.txt", "lm.arpa"):
             run.log_artifact(Path(args.out) / name)
+    return 0
+
+
+def _heldout_lang(config: dict[str, Any], args: argparse.Namespace) -> int:
+    """Write the lang decoder tuning decodes the held-out utterances with: ``--heldout-of`` (the split's lang)
+    with an LM estimated without their transcripts; logged as a ``lang-<train>-heldout`` stage run."""
+    from asrflow.decode.tune import heldout_lang
+    from asrflow.tracking import stage_run
+
+    with stage_run(config, f"lang-{args.train}-heldout", resolved_config=args.config[-1]) as run:
+        _, vocabulary = heldout_lang(config, args.heldout_of, args.data, args.train, args.out)
+        _log(f"held-out lang of {args.train}: an LM of {len(vocabulary)} words without the held-out transcripts")
+        run.log_metrics({"words": len(vocabulary)})
     return 0
 
 
@@ -128,5 +143,7 @@ def register(sub: Any) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--train", required=True, help="training split (its transcripts make the LM)")
     p.add_argument("--tests", nargs="*", default=[], help="test splits to report OOV rates for")
+    p.add_argument("--heldout-of", help="instead, write the lang decoder tuning uses: this lang folder (the "
+                                        "split's) with an LM estimated without the held-out utterances' transcripts")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_lang)

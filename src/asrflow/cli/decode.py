@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from asrflow.cli.common import _load, _log, stage_cluster, with_config
@@ -61,12 +62,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     config = _load(args)
     adapted = _gmm_adapted(args.system)
+    if args.heldout_graph and not args.heldout_lang:
+        raise SystemExit("asrflow tune: --heldout-graph needs --heldout-lang, the lang it was built from")
     with stage_run(config, f"tune-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system})
         with stage_cluster(config, args.workers, run) as client:
             if adapted is not None:
+                heldout = (Path(args.heldout_lang), Path(args.heldout_graph)) if args.heldout_graph else None
                 info = tune_gmm(config, args.system, args.model, args.data, args.features, args.lang, args.train,
-                                args.out, client, adapted=adapted, log=_log)
+                                args.out, client, adapted=adapted, heldout=heldout, log=_log)
             else:
                 info = tune_network(config, args.system, args.train, Paths.of(args), client, log=_log)
         run.log_params({f"tuned.{k}": v for k, v in info["chosen"].items()})
@@ -126,6 +130,9 @@ def register(sub: Any) -> None:
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--graph", help="HCLG folder (hybrid networks)")
     p.add_argument("--gmm", help="GMM system folder (hybrid networks: transition model)")
+    p.add_argument("--heldout-lang", help="the lang whose LM has not seen the held-out utterances (asrflow lang "
+                                          "--heldout-of); absent: made in --out")
+    p.add_argument("--heldout-graph", help="its HCLG for this system's tree (asrflow graph); absent: built in --out")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_tune)
 

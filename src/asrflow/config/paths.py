@@ -15,7 +15,9 @@ class Paths:
     training split; ``gmm``: a GMM system folder (alignments, tree, transition model); ``graph``: its HCLG (or a
     TLG) folder; ``alignments``: the align stage's folder of the speed-perturbed copies; ``init``: a trained
     network folder to start from; ``state``: the resumable training state; ``tune``: the tune stage's folder;
-    ``model``: the trained system being decoded or tuned; ``out``: what the stage writes.
+    ``model``: the trained system being decoded or tuned; ``heldout_lang``, ``heldout_graph``: the lang whose LM
+    has not seen the held-out utterances, and its HCLG, which tuning decodes them with; ``out``: what the stage
+    writes.
     """
 
     out: Path
@@ -29,6 +31,8 @@ class Paths:
     state: Path | None = None
     tune: Path | None = None
     model: Path | None = None
+    heldout_lang: Path | None = None
+    heldout_graph: Path | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -24,7 +24,10 @@ them; on sentence prompts (Asterisk) it then favours an LM weight far stronger t
 test sets, whose sentences it has not seen, want. Tuning therefore decodes with an LM
 estimated without them, over the other transcripts' words (so words only the held-out
 utterances say are out of its vocabulary, as the test sets' unseen words are out of the
-lang's), and its own HCLG or TLG.
+lang's), and its own HCLG or TLG. Every system of a training split tunes on the same held-out
+utterances, so the workflow builds that lang once per split (rule ``lang_heldout``,
+:func:`heldout_lang`) and its HCLG once per GMM tree (rule ``graph_heldout``), and the tune
+stages read them; a tune stage given neither builds its own.
 
 """
 
@@ -42,6 +45,9 @@ from asrflow.config.paths import Paths
 from asrflow.data.datadir import own_texts, read_table
 from asrflow.lang.lexicon import oov_rate
 from asrflow.score.wer import score_corpus
+
+#: The file of a held-out lang that lists its LM's words (the tuning OOV rate is over them).
+VOCABULARY = "lm_words.txt"
 
 #: Per decoder kind (:func:`asrflow.decode.stage.decoder_kind`): each tuned setting and the
 #: ``nnet.decode.tune`` list of values it takes.
@@ -181,10 +187,13 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
     if kind == "hclg" and gmm_dir is None:
         raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
 
-    graph = paths.graph if kind == "prefix" else out / "graph"
+    if kind == "prefix":
+        graph = paths.graph
+    else:
+        graph = paths.heldout_graph if paths.heldout_graph is not None else out / "graph"
 
     def build_graph(lang: Path) -> None:
-        if kind != "prefix":
+        if kind != "prefix" and paths.heldout_graph is None:
             make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log)
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
@@ -192,15 +201,16 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
 
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
                         paths.data, paths.features, paths.lang, train_split, out, build_graph, decode,
-                        {"deltas": 0, "cmvn": model_cmvn(config, system)}, log=log)
+                        {"deltas": 0, "cmvn": model_cmvn(config, system)}, heldout=paths.heldout_lang, log=log)
 
 
 def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_dir: str | Path,
              feats_dir: str | Path, lang_dir: str | Path, train_split: str, out_dir: str | Path, client: Any,
-             adapted: bool = False, log=print) -> dict[str, Any]:
+             adapted: bool = False, heldout: tuple[Path, Path] | None = None, log=print) -> dict[str, Any]:
     """The GMM counterpart of :func:`tune_network` (``decode.tune``): acoustic scale × insertion penalty of GMM
     ``system`` (the model in ``model_dir``; ``<gmm>_fmllr``, ``adapted``, on its adapted features) chosen on the
-    networks' held-out utterances, decoded with the held-out LM through an HCLG built here.
+    networks' held-out utterances, decoded with the held-out LM through its HCLG: ``heldout``, the folders of
+    both (rules ``lang_heldout`` and ``graph_heldout``), or else both built here.
 
     With ``gmm.hold_out`` (the default) the GMM was not trained on those utterances either; without it, its
     acoustic scores there are more confident than on new speech, and tuning picks too small a scale.
@@ -209,27 +219,32 @@ def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_di
     from asrflow.gmm.lda import gmm_features
 
     out = Path(out_dir)
-    graph = out / "graph"
+    heldout_lang, graph = heldout if heldout is not None else (None, out / "graph")
+
+    def build_graph(lang: Path) -> None:
+        if heldout is None:
+            make_graph(lang, model_dir, graph, log=log)
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
         return decode_gmm(config, model_dir, graph, shards, client, points, desc=desc)[1]
 
     return tune_decoder(config, system, "gmm", AXES["hclg"], config["decode"]["tune"], data_dir, feats_dir,
-                        lang_dir, train_split, out, lambda lang: make_graph(lang, model_dir, graph, log=log),
-                        decode, gmm_features(model_dir, adapted), log=log)
+                        lang_dir, train_split, out, build_graph, decode, gmm_features(model_dir, adapted),
+                        heldout=heldout_lang, log=log)
 
 
 def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict[str, str], tune: dict[str, Any],
                  data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, train_split: str, out: Path,
                  build_graph: Callable[[Path], Any],
                  decode: Callable[[Path, list, list[dict[str, float]], str], list[list[Any]]],
-                 features: dict[str, Any], log=print) -> dict[str, Any]:
+                 features: dict[str, Any], heldout: Path | None = None, log=print) -> dict[str, Any]:
     """The grid search shared by networks and GMMs.
 
     ``axes`` maps each tuned setting to its list in ``tune``; ``build_graph(lang)`` makes the graph
-    of the held-out LM's lang, and ``decode(lang, shards, points, desc)`` decodes ``shards`` once
-    per grid point through it (per shard, one result per point). ``features``: how the system reads
-    its features (keyword arguments of :func:`~asrflow.gmm.shards.split_shards`).
+    of the held-out LM's lang (``heldout``, made by :func:`heldout_lang`; None: made here, in
+    ``out/lang``), and ``decode(lang, shards, points, desc)`` decodes ``shards`` once per grid
+    point through it (per shard, one result per point). ``features``: how the system reads its
+    features (keyword arguments of :func:`~asrflow.gmm.shards.split_shards`).
     """
     from asrflow.data.holdout import held_out_utterances
     from asrflow.gmm.shards import split_shards
@@ -244,7 +259,10 @@ def tune_decoder(config: dict[str, Any], system: str, objective: str, axes: dict
     if not shards:
         raise NnetError(f"no held-out utterances of {train_split} with features to tune {system} on")
     # the LM and graph without the held-out transcripts (the test sets' are not in the LM either)
-    lang_dir, vocabulary = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
+    if heldout is None:
+        lang_dir, vocabulary = held_out_lang(config, lang_dir, data_dir, train_split, held_out, out / "lang")
+    else:
+        lang_dir, vocabulary = Path(heldout), lm_vocabulary(heldout)
     build_graph(lang_dir)
     texts = read_table(Path(data_dir) / train_split / "text")
     refs = {utt: texts[utt] for s in shards for utt in s.utts}
@@ -305,7 +323,23 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     texts = [t for u, t in own_texts(Path(data_dir) / train_split).items() if u not in held_out]
     vocabulary = write_lm(config, texts, out)[0].words
     compile_grammar(out / "lm.arpa", out / "words.txt").write(str(out / "G.fst"))
+    (out / VOCABULARY).write_text("".join(f"{w}\n" for w in sorted(vocabulary)), encoding="utf-8")
     return out, vocabulary
+
+
+def heldout_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | Path, train_split: str,
+                 out_dir: str | Path) -> tuple[Path, set[str]]:
+    """The lang every system of ``train_split`` tunes with (rule ``lang_heldout``): :func:`held_out_lang` of the
+    utterances the networks hold out (:func:`~asrflow.data.holdout.held_out_utterances`)."""
+    from asrflow.data.holdout import held_out_utterances
+
+    held_out = held_out_utterances(config, data_dir, train_split)
+    return held_out_lang(config, lang_dir, data_dir, train_split, held_out, Path(out_dir))
+
+
+def lm_vocabulary(lang_dir: str | Path) -> set[str]:
+    """The words of a held-out lang's LM, as :func:`held_out_lang` listed them."""
+    return set(Path(lang_dir, VOCABULARY).read_text(encoding="utf-8").split())
 
 
 def tuned_settings(tune_dir: str | Path | None) -> dict[str, float]:
