@@ -53,7 +53,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode.acoustic_scale", "decode.insertion_penalty", "fmllr"),
     "decode": ("decode",),
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.cmvn", "nnet.valid_fraction", "nnet.hold_out",
-             "nnet.parallel", "nnet.train", "nnet.models.{system}"),
+             "nnet.priors", "nnet.prior_frames", "nnet.parallel", "nnet.train", "nnet.models.{system}"),
     "ensemble": ("nnet.models.{system}",),
     "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
     "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.hold_out", "nnet.decode", "nnet.models.{system}.objective"),
@@ -360,9 +360,9 @@ def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[s
 
 
 def optional_args(inputs: Any, *names: str) -> str:
-    """``--name path`` for each of ``names`` present in a rule's ``input``."""
+    """``--name path`` for each of ``names`` present in a rule's ``input`` (``heldout_lang``: ``--heldout-lang``)."""
     # Snakemake's InputFiles is a list subclass: `in` would test its paths, not its names
-    return " ".join(f"--{n} {inputs[n]}" for n in names if n in inputs.keys())  # noqa: SIM118
+    return " ".join(f"--{n.replace('_', '-')} {inputs[n]}" for n in names if n in inputs.keys())  # noqa: SIM118
 
 
 def compare_targets(config: dict[str, Any]) -> list[str]:
@@ -455,6 +455,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                                       "lm_arpa": None, "lm_max_ngrams": None, "lm_combine": "pool",
                                                       "lm_weights": None, "lm_vocabulary": None},
                                              "": {"audio.speed_perturb": [], "nnet.cmvn": "speaker",
+                                                  "nnet.priors": "alignments", "nnet.prior_frames": 200000,
                                                   "features.compress": False,
                                                   "nnet.hold_out": "utterances", "decode.insertion_penalty": 0.0}}
 

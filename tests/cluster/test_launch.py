@@ -406,3 +406,11 @@ def test_a_test_set_can_be_paired_with_any_training_split(tmp_path) -> None:
     assert gmm_decode_inputs(config, "loso_theo_test", "tri")["model"] == f"{root}/gmm/train/tri"
     with pytest.raises(ConfigError, match="'evaluation.train_of': dev_test not in evaluation.test_sets"):
         make_config(tmp_path, evaluation={"train_of": {"dev_test": "train"}})
+
+
+def test_optional_inputs_become_the_cli_s_hyphenated_options() -> None:
+    from asrflow.workflow import optional_args
+
+    inputs = {"gmm": "g", "heldout_lang": "l", "heldout_graph": "h"}
+    assert optional_args(inputs, "gmm", "graph", "heldout_lang", "heldout_graph") == \
+        "--gmm g --heldout-lang l --heldout-graph h"
