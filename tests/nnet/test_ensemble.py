@@ -96,6 +96,37 @@ def test_members_trained_on_other_alignments_are_refused(tmp_path: Path) -> None
         assemble(ensemble_config(), "ens", [tmp_path / "dnn", tmp_path / "none" / "cnn"], tmp_path / "ens")
 
 
+@pytest.mark.parametrize("combine", ["log_linear", "linear"])
+def test_members_with_posterior_priors_combine_them_as_their_posteriors(tmp_path: Path, combine: str) -> None:
+    """nnet.priors: posteriors gives each member its own priors (final.pt keeps the alignments' as
+    alignment_priors, which must agree): the ensemble divides by their geometric mean (log_linear, renormalised)
+    or their mean (linear)."""
+    aligned = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2], dtype=torch.float64))
+    own = {"dnn": torch.log(torch.tensor([0.2, 0.2, 0.2, 0.2, 0.2], dtype=torch.float64)),
+           "cnn": torch.log(torch.tensor([0.05, 0.15, 0.4, 0.2, 0.2], dtype=torch.float64))}
+    dirs = []
+    for name in ("dnn", "cnn"):
+        out = write_member(tmp_path, name, own[name])
+        saved = torch.load(out / "final.pt", weights_only=True)
+        torch.save({**saved, "alignment_priors": aligned}, out / "final.pt")
+        dirs.append(out)
+    assemble(ensemble_config(combine), "ens", dirs, tmp_path / "ens", log=lambda m: None)
+    probs = torch.stack([own["dnn"].exp(), own["cnn"].exp()])
+    if combine == "linear":
+        expected = probs.mean(0)
+    else:
+        expected = probs.log().mean(0).exp()
+        expected = expected / expected.sum()
+    np.testing.assert_allclose(np.exp(np.load(tmp_path / "ens" / "priors.npy")), expected.numpy(), rtol=1e-6)
+    _, header = load_network(tmp_path / "ens" / "final.pt")
+    torch.testing.assert_close(header["alignment_priors"], aligned)
+    # members trained on other alignments are still refused, whatever their own priors
+    saved = torch.load(dirs[1] / "final.pt", weights_only=True)
+    torch.save({**saved, "alignment_priors": own["cnn"]}, dirs[1] / "final.pt")
+    with pytest.raises(NnetError, match="different pdf priors"):
+        assemble(ensemble_config(combine), "ens", dirs, tmp_path / "ens2")
+
+
 @pytest.mark.parametrize("models, message", [
     ({"ens": {"type": "ensemble", "members": ["dnn", "cn"]}},
      "'cn' is not a network in nnet.models .did you mean 'cnn'"),

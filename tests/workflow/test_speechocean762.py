@@ -35,6 +35,8 @@ nnet:
   valid_fraction: 0.1
   hold_out: speakers
   alignments: sat
+  priors: posteriors
+  prior_frames: 20000
   train: {{epochs: 4, max_frames: 4000, patience: 4}}
   models:
     dnn: {{type: dnn, hidden: 96, layers: 2, context: 5}}
@@ -90,3 +92,19 @@ def test_the_gmm_chain_feeds_each_system_from_the_last(mini_run: Path) -> None:
     assert tune["search"] == "grid" and tune["utterances"] >= 12  # whole held-out speakers (20 a speaker)
     gmm_tune = json.loads((res / "tune" / "train" / "sat_fmllr" / "tune.json").read_text())
     assert gmm_tune["search"] == "coordinate" and len(gmm_tune["grid"]) <= 4
+
+
+def test_the_hybrid_divides_by_its_own_average_posteriors(mini_run: Path) -> None:
+    """nnet.priors: posteriors: the dnn's priors (priors.npy, and final.pt, which keeps the alignments' too) are its
+    average posteriors over about prior_frames frames of its training utterances."""
+    import numpy as np
+    import torch
+
+    net = mini_run / "results" / "speechocean762_mini" / "nnet" / "train" / "dnn"
+    manifest = json.loads((net / "manifest.json").read_text())
+    priors = manifest["priors"]
+    assert priors["source"] == "posteriors" and 15000 <= priors["frames"] <= 25000 and priors["kl_from_alignments"] > 0
+    saved = torch.load(net / "final.pt", weights_only=True)
+    np.testing.assert_array_equal(np.load(net / "priors.npy"), saved["priors"].numpy())
+    assert not torch.allclose(saved["priors"], saved["alignment_priors"])
+    assert np.exp(saved["priors"].numpy()).sum() == pytest.approx(1.0, abs=1e-4)

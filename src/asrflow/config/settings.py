@@ -278,6 +278,8 @@ class Network:
     features: str  # the feature kind it reads (its own, else nnet.features)
     alignments: str  # the GMM system of its targets, tree and graph (hybrid)
     cmvn: str  # speaker | utterance
+    priors: str  # hybrid: alignments | posteriors (nnet.priors), over prior_frames frames
+    prior_frames: int
     init: str | None  # the network whose final weights it starts from
     sizes: dict[str, Any]  # type and sizes: what asrflow.nnet.models.build_model takes
     members: tuple[str, ...]  # ensemble: its members
@@ -315,6 +317,7 @@ def network(config: dict[str, Any], system: str) -> Network:
     return Network(name=system, type=model["type"], objective=model["objective"], units=model["units"],
                    vocab_size=model["vocab_size"], features=model_features(config, system),
                    alignments=model_alignments(config, system), cmvn=model_cmvn(config, system),
+                   priors=config["nnet"]["priors"], prior_frames=config["nnet"]["prior_frames"],
                    init=model.get("init"), sizes=network_config(model), members=tuple(model.get("members", ())),
                    training=training(config, system) if trained else None,
                    parallel=parallel(config, system) if trained else None)

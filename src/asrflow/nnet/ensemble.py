@@ -6,7 +6,7 @@ with the members' shared log priors. Tuning, decoding, scoring and the pyfunc tr
 then take it as any hybrid network. Its folder (``results/<exp>/nnet/<train>/<system>/``)::
 
     final.pt        the members' weights and configs, and the log priors
-    priors.npy      log pdf priors (the members', which must agree)
+    priors.npy      log pdf priors (the members', combined as their posteriors are when they differ)
     report.tsv      the members' rejected utterances (their training data)
     manifest.json   members, combine rule, parameters and training seconds summed over the members
 """
@@ -43,8 +43,9 @@ def combined_checkpoint(members: list[dict[str, Any]], names: list[str], combine
     """One ``final.pt`` content holding ``members`` (their ``final.pt`` contents) as an ensemble, and that model.
 
     The members must predict the same pdfs from the same features: equal class counts,
-    input dimensions and log priors (the priors come from the alignments, so equal priors
-    mean the same alignments).
+    input dimensions and alignment priors (equal priors mean the same alignments). Members whose
+    priors are their own average posteriors (``nnet.priors: posteriors``) have their priors
+    combined by the ensemble's rule (:func:`combined_priors`).
     """
     first = members[0]
     for name, saved in zip(names[1:], members[1:]):
@@ -53,16 +54,36 @@ def combined_checkpoint(members: list[dict[str, Any]], names: list[str], combine
                 raise NnetError(f"ensemble members {names[0]!r} and {name!r} differ in {key} "
                                 f"({first[key]} vs {saved[key]}): they were not trained on the same alignments "
                                 f"and features")
-        if not torch.allclose(saved["priors"], first["priors"]):
+        if not torch.allclose(alignment_priors(saved), alignment_priors(first)):
             raise NnetError(f"ensemble members {names[0]!r} and {name!r} have different pdf priors: they were "
                             f"trained on different alignments")
     config = {"type": "ensemble", "members": [network_config(m["config"]) for m in members], "combine": combine}
     state = {f"members.{i}.{key}": value for i, m in enumerate(members) for key, value in m["model"].items()}
     model = build_model(config, first["input_dim"], first["num_classes"])
     model.load_state_dict(state)  # checks that every member's weights fit its config
-    return {"model": model.state_dict(), "config": config, "num_classes": first["num_classes"],
-            "input_dim": first["input_dim"], "objective": "hybrid", "priors": first["priors"],
-            "member_names": names}, model
+    combined = {"model": model.state_dict(), "config": config, "num_classes": first["num_classes"],
+                "input_dim": first["input_dim"], "objective": "hybrid",
+                "priors": combined_priors([m["priors"] for m in members], combine), "member_names": names}
+    if "alignment_priors" in first:
+        combined["alignment_priors"] = first["alignment_priors"]
+    return combined, model
+
+
+def alignment_priors(saved: dict[str, Any]) -> torch.Tensor:
+    """A hybrid's priors from its alignments (those it decodes with, unless it replaced them by its posteriors)."""
+    return saved.get("alignment_priors", saved["priors"])
+
+
+def combined_priors(priors: list[torch.Tensor], combine: str) -> torch.Tensor:
+    """The log priors of the members' combined posteriors: the members' own when they agree; else their
+    normalised geometric mean (``log_linear``) or their mean (``linear``), as the posteriors are combined."""
+    if all(torch.allclose(p, priors[0]) for p in priors[1:]):
+        return priors[0]
+    stacked = torch.stack([p.double() for p in priors])
+    if combine == "linear":
+        return torch.logsumexp(stacked, dim=0) - np.log(len(priors))
+    mean = stacked.mean(dim=0)
+    return mean - torch.logsumexp(mean, dim=0)
 
 
 def assemble(config: dict[str, Any], system: str, member_dirs: list[str | Path], out_dir: str | Path,

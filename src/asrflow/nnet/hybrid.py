@@ -8,6 +8,8 @@ handed to Kaldi's lattice-faster decoder through the wheels' matrix decodable.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +34,45 @@ def pdf_priors(targets: dict[str, np.ndarray], num_pdfs: int, floor: float = 1e-
     for t in targets.values():
         counts += np.bincount(t, minlength=num_pdfs)
     return np.log(np.maximum(counts / counts.sum(), floor))
+
+
+def spread_indices(lengths: list[int], frames: int) -> list[int]:
+    """Indices of utterances spread evenly over ``lengths`` (frames per utterance) whose frames add up to about
+    ``frames`` (every utterance when they hold fewer)."""
+    total = sum(lengths)
+    if total <= frames:
+        return list(range(len(lengths)))
+    count = max(1, round(len(lengths) * frames / total))
+    return sorted({int(i * len(lengths) / count) for i in range(count)})
+
+
+def posterior_priors(network: Any, feats: Iterable[np.ndarray], num_pdfs: int, floor: float = 1e-8,
+                     batch: int = 32) -> tuple[np.ndarray, int]:
+    """Log pdf priors from a trained network's own average posteriors over ``feats`` (Kaldi nnet2/nnet3's
+    adjust-priors), and the frames averaged.
+
+    Dividing by these rather than by the alignment counts (:func:`pdf_priors`) makes the network's
+    pseudo-likelihoods average to one for every pdf over the training frames: a network that
+    predicts a pdf (silence, say) more or less often than the alignments hold it is not pushed
+    further in that direction by the decoder.
+    """
+    total, frames, pending = np.zeros(num_pdfs), 0, []
+
+    def flush() -> None:
+        nonlocal total, frames
+        for log_post in batch_log_posteriors(network, pending):
+            total += np.exp(log_post.astype(np.float64)).sum(axis=0)
+            frames += len(log_post)
+        pending.clear()
+
+    for x in feats:
+        pending.append(x)
+        if len(pending) == batch:
+            flush()
+    flush()
+    if frames == 0:
+        raise ValueError("no frames to average the network's posteriors over")
+    return np.log(np.maximum(total / frames, floor)), frames
 
 
 def transition_loglikes(log_post: np.ndarray, log_prior: np.ndarray, tid2pdf: np.ndarray,

@@ -4,7 +4,8 @@ Output folder (``results/<exp>/nnet/<train split>/<system>/``)::
 
     final.pt        weights of the best held-out epoch with their config (``weights_only`` loadable);
                     hybrid models also carry their log priors, CTC models their unit inventory
-    priors.npy      log pdf priors from the alignments (hybrid)
+    priors.npy      log pdf priors (hybrid): from the alignments, or with nnet.priors: posteriors the
+                    network's own average posteriors on its training utterances
     units.model     sentencepiece model (CTC over BPE or characters)
     units.txt       the phones, class 1 first (CTC over phones)
     report.tsv      training utterances left out, and why
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +39,10 @@ from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.gmm.alignments import alignment_index, read_alignments
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset
-from asrflow.nnet.hybrid import pdf_priors
+from asrflow.nnet.hybrid import pdf_priors, posterior_priors, spread_indices
+from asrflow.nnet.inference import load_network
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
-from asrflow.nnet.train import train
+from asrflow.nnet.train import atomic_save, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.tracking import BackgroundMetrics
 
@@ -243,11 +246,33 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:
+        if net.objective == "hybrid" and net.priors == "posteriors":
+            manifest["priors"] = adjust_priors(out, train_set, targets, net.prior_frames, log=log)
         write_outputs(out, net.objective, targets, manifest)
         shutil.rmtree(state, ignore_errors=True)
     log(f"{system}: {summary['epochs']} epochs, {summary['steps']} steps, held-out loss "
         f"{summary['best_valid_loss']:.4f}, {summary['frames_per_second']:.0f} frames/s, {summary['seconds']:.1f} s")
     return manifest
+
+
+def adjust_priors(out: Path, dataset: FeatureDataset, targets: Targets, frames: int, log=print) -> dict[str, Any]:
+    """Replace a trained hybrid's alignment priors (in ``targets`` and ``out/final.pt``, which keeps them as
+    ``alignment_priors``) by its own average posteriors over about ``frames`` frames of ``dataset``
+    (:func:`~asrflow.nnet.hybrid.posterior_priors`); returns what the manifest records of them."""
+    start = time.perf_counter()
+    network, saved = load_network(out / "final.pt")
+    chosen = spread_indices([item[3] for item in dataset.items], frames)
+    priors, count = posterior_priors(network, (dataset[i][1].numpy() for i in chosen), targets.num_classes)
+    aligned = targets.extra["priors"].numpy()
+    kl = float(np.sum(np.exp(aligned) * (aligned - priors)))
+    saved["alignment_priors"], saved["priors"] = saved["priors"], torch.from_numpy(priors)
+    atomic_save(saved, out / "final.pt")
+    targets.extra["priors"] = saved["priors"]
+    info = {"source": "posteriors", "utterances": len(chosen), "frames": count,
+            "kl_from_alignments": round(kl, 4), "seconds": round(time.perf_counter() - start, 3)}
+    log(f"priors: the network's average posteriors over {count} frames of {len(chosen)} training utterances "
+        f"(KL {info['kl_from_alignments']} nats from the alignments' priors), {info['seconds']} s")
+    return info
 
 
 def write_outputs(out: Path, objective: str, targets: Targets, manifest: dict[str, Any]) -> None:
