@@ -76,8 +76,8 @@ def test_mlflow_runs(yesno_run: Path) -> None:
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     systems = ("mono", "tri", "lda", "tri_fmllr", "sat_fmllr", *NETWORKS, ENSEMBLE)
     assert set(runs) == {"pipeline-yesno", "data", "features-mfcc", "features-fbank", "lang-train",
-                         "gmm-mono-train", "gmm-tri-train", "gmm-lda-train", "gmm-sat-train", "align-tri-train_sp",
-                         "fmllr-tri-train", "fmllr-lda-train", "fmllr-sat-train",
+                         "lang-train-heldout", "gmm-mono-train", "gmm-tri-train", "gmm-lda-train", "gmm-sat-train",
+                         "align-tri-train_sp", "fmllr-tri-train", "fmllr-lda-train", "fmllr-sat-train",
                          *[f"nnet-{s}-train" for s in (*NETWORKS, ENSEMBLE)],
                          *[f"tune-{s}-train" for s in systems],
                          *[f"{stage}-{s}-test" for stage in ("decode", "score") for s in systems]}
