@@ -150,9 +150,11 @@ def test_the_tuning_lm_has_not_seen_the_held_out_transcripts(tmp_path: Path) -> 
     (tmp_path / "data" / "train" / "text").write_text("".join(f"{u} {t}\n" for u, t in texts.items()))
     config = make_config(tmp_path, lang={"lexicon": "grapheme", "lm_order": 3})
     prepare_lang(config, tmp_path / "data", "train", [], tmp_path / "lang", log=lambda *_: None)
+    (tmp_path / "lang" / ".snakemake_timestamp").write_text("")  # Snakemake's own marker stays behind
     tune_lang, vocabulary = held_out_lang(config, tmp_path / "lang", tmp_path / "data", "train", {"d"},
                                           tmp_path / "tune")
     assert vocabulary == {"yes", "no"} == lm_vocabulary(tune_lang)
+    assert not (tune_lang / ".snakemake_timestamp").exists()
     for name in ("words.txt", "phones.txt", "L_disambig.fst", "lexicon.txt", "silence.int"):
         assert (tune_lang / name).read_bytes() == (tmp_path / "lang" / name).read_bytes()
     full, tuning = ((d / "lm.arpa").read_text() for d in (tmp_path / "lang", tune_lang))

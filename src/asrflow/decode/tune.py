@@ -318,7 +318,7 @@ def held_out_lang(config: dict[str, Any], lang_dir: str | Path, data_dir: str | 
     lang, out = Path(lang_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for path in lang.iterdir():
-        if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json"):
+        if path.is_file() and path.name not in ("lm.arpa", "G.fst", "manifest.json") and not path.name.startswith("."):
             shutil.copyfile(path, out / path.name)
     texts = [t for u, t in own_texts(Path(data_dir) / train_split).items() if u not in held_out]
     vocabulary = write_lm(config, texts, out)[0].words
