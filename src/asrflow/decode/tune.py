@@ -187,10 +187,7 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
     if kind == "hclg" and gmm_dir is None:
         raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
 
-    if kind == "prefix":
-        graph = paths.graph
-    else:
-        graph = paths.heldout_graph if paths.heldout_graph is not None else out / "graph"
+    graph = paths.graph if kind == "prefix" else paths.heldout_graph or out / "graph"
 
     def build_graph(lang: Path) -> None:
         if kind != "prefix" and paths.heldout_graph is None:

@@ -7,6 +7,7 @@ handed to Kaldi's lattice-faster decoder through the wheels' matrix decodable.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -56,20 +57,12 @@ def posterior_priors(network: Any, feats: Iterable[np.ndarray], num_pdfs: int, f
     predicts a pdf (silence, say) more or less often than the alignments hold it is not pushed
     further in that direction by the decoder.
     """
-    total, frames, pending = np.zeros(num_pdfs), 0, []
-
-    def flush() -> None:
-        nonlocal total, frames
-        for log_post in batch_log_posteriors(network, pending):
+    total, frames = np.zeros(num_pdfs), 0
+    utterances = iter(feats)
+    while chunk := list(itertools.islice(utterances, batch)):  # a few utterances in memory at a time
+        for log_post in batch_log_posteriors(network, chunk):
             total += np.exp(log_post.astype(np.float64)).sum(axis=0)
             frames += len(log_post)
-        pending.clear()
-
-    for x in feats:
-        pending.append(x)
-        if len(pending) == batch:
-            flush()
-    flush()
     if frames == 0:
         raise ValueError("no frames to average the network's posteriors over")
     return np.log(np.maximum(total / frames, floor)), frames
