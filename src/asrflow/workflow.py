@@ -445,7 +445,7 @@ OWN_STAGE_KEYS = {"decode": ("tune",)}
 # adding such settings to the schema reruns nothing. Keyed by the full key of the section when there
 # is one ("decode" is the GMMs' section, not nnet.decode), else by its last part ("train": nnet.train
 # and every network's own train overrides); "": top-level keys.
-NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False,
+NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_perturb": False, "example_frames": 0,
                                                        "mmi": {"weight": 0.0, "acoustic_scale": 0.1}},
                                              "decode": {"insertion_penalty": 0.0},
                                              "gmm.mono": {"subset": None, "subset_by": "shortest"},

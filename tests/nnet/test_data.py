@@ -183,3 +183,53 @@ def test_per_utterance_cmvn_centres_each_utterance_in_datasets_and_shards(fbank)
     np.testing.assert_allclose(features(by_speaker[0])[0], speaker[0][1].numpy(), atol=1e-5)
     with pytest.raises(ValueError, match="speaker or utterance"):
         FeatureDataset(fbank / "data", fbank / "fbank", "train", cmvn="global")
+
+
+def _toy_dataset(lengths: list[int]):
+    """A FeatureDataset stand-in: utterance ``i`` has frames whose value is their index and targets 100·i + index."""
+    class Toy:
+        rejected: dict[str, str] = {}
+
+        def __init__(self) -> None:
+            self.lengths = lengths
+
+        def __getitem__(self, i: int):
+            n = lengths[i]
+            return f"u{i}", torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n) + 100 * i
+
+    return Toy()
+
+
+def test_examples_label_every_frame_once_with_their_utterances_context() -> None:
+    from asrflow.nnet.data import ExampleDataset
+
+    examples = ExampleDataset(_toy_dataset([10, 3]), frames=4, context=2)
+    assert examples.items == [(0, 0, 4), (0, 4, 8), (0, 8, 10), (1, 0, 3)]
+    assert examples.lengths == [6, 8, 4, 3]
+    _, feats, target = examples[1]
+    assert feats[:, 0].tolist() == list(range(2, 10))  # frames 4-7 with two either side
+    assert target.tolist() == [-100, -100, 4, 5, 6, 7, -100, -100]
+    labelled = [t for i in range(len(examples)) for t in examples[i][2].tolist() if t != -100]
+    assert sorted(labelled) == [*range(10), 100, 101, 102]  # every frame labelled exactly once
+    batch = collate([examples[i] for i in range(4)])
+    assert batch["target_lengths"].tolist() == [4, 4, 2, 3]  # the labelled frames, not the context
+    with pytest.raises(ValueError, match="at least one frame"):
+        ExampleDataset(_toy_dataset([5]), frames=0, context=1)
+
+
+def test_shuffled_batches_mix_the_split_anew_every_epoch_and_split_across_ranks() -> None:
+    from asrflow.nnet.data import ShuffledBatchSampler
+
+    lengths = [18] * 95 + [9] * 5
+    sampler = ShuffledBatchSampler(lengths, max_frames=180, seed=4)
+    first = sampler.epoch_batches(0)
+    assert len(first) == len(sampler) == 10 and {len(b) for b in first[:-1]} == {10}
+    assert sorted(i for b in first for i in b) == list(range(100))
+    assert first == ShuffledBatchSampler(lengths, 180, seed=4).epoch_batches(0)
+    second = sampler.epoch_batches(1)
+    assert {frozenset(b) for b in second} != {frozenset(b) for b in first}  # new company every epoch
+    ranks = [ShuffledBatchSampler(lengths, 180, seed=4, rank=r, world_size=3) for r in range(3)]
+    per_rank = [r.epoch_batches(0) for r in ranks]
+    assert [len(b) for b in per_rank] == [3, 3, 3] == [len(r) for r in ranks]
+    covered = [i for batches in per_rank for b in batches for i in b]
+    assert len(covered) == len(set(covered)) == 90

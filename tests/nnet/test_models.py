@@ -122,3 +122,27 @@ def test_batched_inference_matches_one_by_one(config: dict) -> None:
     batched = batch_log_posteriors(model, feats, max_frames=60)
     for x, y in zip(feats, batched):
         np.testing.assert_allclose(y, log_posteriors(model, x), atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c["type"] in ("dnn", "cnn")], ids=lambda c: str(len(c)))
+def test_frame_context_is_the_window_an_output_frame_sees(config: dict) -> None:
+    """A frame computed inside a window of exactly frame_context frames either side equals the frame computed on
+    the whole utterance; one frame less of context changes it (so the context is not overstated either)."""
+    from asrflow.nnet.models import frame_context
+
+    torch.manual_seed(0)
+    model = build_model(config, input_dim=40, output_dim=11).eval()
+    c = frame_context(model)
+    if config.get("subsampling", 1) != 1:
+        assert c is None
+        return
+    assert c == (config["context"] if config["type"] == "dnn"
+                 else len(config["channels"]) + sum(config["tdnn_dilations"]))
+    x = torch.randn(1, 40, 40)
+    whole, _ = model(x, torch.tensor([40]))
+    t = 20
+    window, _ = model(x[:, t - c:t + c + 1], torch.tensor([2 * c + 1]))
+    torch.testing.assert_close(window[0, c], whole[0, t], atol=1e-5, rtol=1e-4)
+    narrower, _ = model(x[:, t - c + 1:t + c], torch.tensor([2 * c - 1]))
+    assert not torch.allclose(narrower[0, c - 1], whole[0, t], atol=1e-4)
+    assert frame_context(build_model(CONFIGS[1], input_dim=40, output_dim=11)) is None

@@ -208,3 +208,43 @@ def test_checkpoints_are_written_from_a_snapshot_in_the_background(tmp_path: Pat
     with pytest.raises(RuntimeError, match="does not exist"):
         writer.wait()
     writer.wait()  # the error is raised once
+
+
+def test_examples_train_on_frames_whose_label_needs_their_context(tmp_path: Path) -> None:
+    """Each frame's label is the class two frames ahead: a DNN with 3 frames of context learns it from
+    8-frame examples (the labelled frames at an example's edge see their utterance's real neighbours), in as
+    many steps per epoch as the shuffled examples fill batches."""
+    import numpy as np
+
+    from asrflow.config.settings import Training
+    from asrflow.nnet.data import ExampleDataset, FeatureDataset
+    from asrflow.nnet.train import train
+
+    from .helpers import synthetic_split
+
+    labels = synthetic_split(tmp_path, utterances=48)
+    targets = {u: np.concatenate([c[2:], np.repeat(c[-1:], 2)]) for u, c in labels.items()}
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", targets)
+    opts = Training.defaults(epochs=4, max_frames=700, lr=3e-3, warmup_steps=5, example_frames=8, patience=4)
+    summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 3, "dropout": 0.0}, opts, data, data, 4,
+                    tmp_path / "out", log=lambda *_: None)
+    assert summary["best_valid_frame_accuracy"] > 0.95
+    examples = ExampleDataset(data, 8, 3)
+    per_batch = 700 // max(examples.lengths)
+    assert summary["steps"] == 4 * -(-len(examples) // per_batch)
+
+
+def test_config_allows_examples_for_feed_forward_hybrids_only() -> None:
+    from asrflow.config import ConfigError, resolve_config
+
+    def config(model: dict) -> dict:
+        return resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["net"]},
+                               "nnet": {"models": {"net": model}}})
+
+    config({"type": "dnn", "train": {"example_frames": 8}})
+    config({"type": "cnn", "train": {"example_frames": 8}})
+    for model in ({"type": "lstm"}, {"type": "cnn", "objective": "ctc", "units": "phone"}):
+        with pytest.raises(ConfigError, match="feed-forward hybrid"):
+            config({**model, "train": {"example_frames": 8}})
+    with pytest.raises(ConfigError, match="chunk_frames and mmi"):
+        config({"type": "dnn", "train": {"example_frames": 8, "mmi": {"weight": 1.0}}})

@@ -221,6 +221,7 @@ def _check_systems(config: dict[str, Any]) -> None:
         _check_ensemble(name, model, models)
         _check_speed_perturb(config, name)
         _check_mmi(config, name)
+        _check_examples(config, name)
         _check_init(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
@@ -341,6 +342,24 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
     if model_train(config, name)["chunk_frames"]:
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
+
+
+def _check_examples(config: Mapping[str, Any], name: str) -> None:
+    """Training examples (``train.example_frames`` > 0) carry a fixed context: they need a feed-forward hybrid
+    whose every output frame sees a bounded, full-rate window (a DNN, a CNN-TDNN without subsampling)."""
+    model = config["nnet"]["models"][name]
+    if model["type"] == "ensemble" or not model_train(config, name)["example_frames"]:
+        return
+    key = f"config key 'nnet.models.{name}.train.example_frames'"
+    if model.get("objective", "hybrid") != "hybrid" or model["type"] not in ("dnn", "cnn") \
+            or model.get("subsampling", 1) != 1:
+        raise ConfigError(f"{key}: training examples need a feed-forward hybrid (dnn, or cnn without subsampling) "
+                          f"whose outputs see a bounded window; {name} is a {model['type']} "
+                          f"{model.get('objective', 'hybrid')} network (recurrent ones use train.chunk_frames)")
+    train = model_train(config, name)
+    if train["chunk_frames"] or train["mmi"]["weight"]:
+        raise ConfigError(f"{key}: examples replace whole utterances; chunk_frames and mmi need those, set them "
+                          f"to 0 for {name}")
 
 
 def _check_init(config: Mapping[str, Any], name: str) -> None:

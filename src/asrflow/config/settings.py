@@ -135,6 +135,7 @@ class Training(Settings):
     deterministic: bool
     speed_perturb: bool
     chunk_frames: int
+    example_frames: int
     specaugment: SpecAugment
     mmi: Mmi
 

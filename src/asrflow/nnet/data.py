@@ -1,4 +1,5 @@
-"""Data pipeline for neural training: lazy feature loading, CMVN, targets, length-bucketed batches.
+"""Data pipeline for neural training: lazy feature loading, CMVN, targets, length-bucketed batches, and
+training examples of a few frames with their context, shuffled across the split.
 
 Features are read utterance by utterance from the ark files through their scp offsets,
 so the corpus is never loaded into memory. Batches hold utterances of similar length up
@@ -154,8 +155,78 @@ class BucketBatchSampler(torch.utils.data.Sampler):
         return len(self.batches) // self.world_size if self.world_size > 1 else len(self.batches)
 
 
+class ExampleDataset(torch.utils.data.Dataset):
+    """A frame-target dataset cut into training examples: ``frames`` labelled frames each, read with up to
+    ``context`` frames of their utterance either side whose targets are ignored (-100).
+
+    A feed-forward network whose outputs depend on ``context`` frames either side (a DNN's
+    splicing, a TDNN's receptive field) then computes each labelled frame as it would on the
+    whole utterance, while a batch of examples drawn across the split (:class:`ShuffledBatchSampler`)
+    mixes many utterances and speakers: Kaldi nnet3's training examples (``frames_per_eg`` with
+    the network's left and right context). The last example of an utterance may be shorter.
+    """
+
+    def __init__(self, base: FeatureDataset, frames: int, context: int) -> None:
+        if frames < 1 or context < 0:
+            raise ValueError(f"examples need at least one frame and no negative context, not {frames} and {context}")
+        self.base, self.frames, self.context = base, frames, context
+        self.rejected = base.rejected
+        self.items = [(i, start, min(start + frames, n)) for i, n in enumerate(base.lengths)
+                      for start in range(0, n, frames)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def lengths(self) -> list[int]:
+        n = self.base.lengths
+        return [min(end + self.context, n[i]) - max(start - self.context, 0) for i, start, end in self.items]
+
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+        i, start, end = self.items[index]
+        utt, feats, target = self.base[i]
+        low, high = max(start - self.context, 0), min(end + self.context, feats.shape[0])
+        if target is not None:
+            target = target[low:high].clone()
+            target[:start - low] = -100
+            target[end - low:] = -100
+        return utt, feats[low:high], target
+
+
+class ShuffledBatchSampler(torch.utils.data.Sampler):
+    """Batches of equally many items drawn anew every epoch from a seed- and epoch-determined shuffle of
+    all of them (for :class:`ExampleDataset`, whose items are of about one length): as many items per batch
+    as the longest fits into ``max_frames`` padded frames. With several ranks the epoch's batches are cut
+    to a multiple of ``world_size`` and dealt out in turn, so every rank runs the same number of steps."""
+
+    def __init__(self, lengths: list[int], max_frames: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1) -> None:
+        self.count, self.seed, self.rank, self.world_size, self.epoch = len(lengths), seed, rank, world_size, 0
+        self.per_batch = max(1, max_frames // max(lengths, default=1))
+        self.total = -(-self.count // self.per_batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This rank's batches for ``epoch`` (default: the current one)."""
+        rng = np.random.default_rng([self.seed, self.epoch if epoch is None else epoch])
+        order = rng.permutation(self.count)
+        batches = [[int(i) for i in order[b * self.per_batch:(b + 1) * self.per_batch]] for b in range(self.total)]
+        if self.world_size == 1:
+            return batches
+        return batches[self.rank:self.total - self.total % self.world_size:self.world_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.epoch_batches())
+
+    def __len__(self) -> int:
+        return self.total // self.world_size
+
+
 def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[str, object]:
-    """Pad a batch: features (B, T, D), lengths (B,), targets (B, L) padded with -100, target lengths (B,).
+    """Pad a batch: features (B, T, D), lengths (B,), targets (B, L) padded with -100, target lengths (B,: the
+    targets of each that are not -100).
 
     Features are padded by repeating each utterance's last frame, so a convolution sees
     the same edge in a batch as on the utterance alone. -100 is ignored by frame
@@ -168,7 +239,7 @@ def collate(batch: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> dict[
     out: dict[str, object] = {"utts": utts, "feats": feats, "lengths": lengths}
     if batch[0][2] is not None:
         out["targets"] = torch.nn.utils.rnn.pad_sequence([b[2] for b in batch], batch_first=True, padding_value=-100)
-        out["target_lengths"] = torch.tensor([len(b[2]) for b in batch])
+        out["target_lengths"] = (out["targets"] != -100).sum(1)  # labelled frames (an example's context has none)
     return out
 
 

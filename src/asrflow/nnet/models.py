@@ -283,6 +283,17 @@ def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.M
     return MODELS[kind](input_dim, output_dim, **options)
 
 
+def frame_context(model: nn.Module) -> int | None:
+    """Frames either side of an output frame that it depends on: a DNN's splicing, a CNN-TDNN's receptive field
+    (one frame per time convolution of the front end, the dilation of every TDNN layer). None for a network
+    whose outputs depend on the whole utterance (recurrent, attention, an ensemble) or that subsamples."""
+    if isinstance(model, DNN):
+        return model.context
+    if isinstance(model, CNN) and all(stride == 1 for stride in model.strides):
+        return len(model.conv) + sum(int(block[0].dilation[0]) for block in model.tdnn)
+    return None
+
+
 def parameter_count(model: nn.Module) -> int:
     """Trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -31,8 +31,17 @@ import torch.distributed as dist
 
 from asrflow.config.settings import Parallel, Training
 from asrflow.nnet import NnetError
-from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate, loaded, spec_augment
-from asrflow.nnet.models import build_model, parameter_count
+from asrflow.nnet.data import (
+    BucketBatchSampler,
+    ExampleDataset,
+    FeatureDataset,
+    ShuffledBatchSampler,
+    chunk_batch,
+    collate,
+    loaded,
+    spec_augment,
+)
+from asrflow.nnet.models import build_model, frame_context, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.parallel.strategies import make_strategy
 
@@ -336,8 +345,12 @@ class _Run:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
         self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
                                       self.device, opts.clip)
-        self.sampler = BucketBatchSampler(train_set.lengths, parallel.learner_frames(opts.max_frames, self.world),
-                                          opts.seed, self.rank, self.world)
+        frames = parallel.learner_frames(opts.max_frames, self.world)
+        if opts.example_frames and objective == "hybrid":
+            train_set = self.train_set = ExampleDataset(train_set, opts.example_frames, frame_context(self.model))
+            self.sampler = ShuffledBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
+        else:
+            self.sampler = BucketBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"),
                                       "bad_epochs": 0}
         self.state_path = Path(state_dir) if state_dir else out
