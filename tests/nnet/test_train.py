@@ -232,6 +232,10 @@ def test_examples_train_on_frames_whose_label_needs_their_context(tmp_path: Path
     examples = ExampleDataset(data, 8, 3)
     per_batch = 700 // max(examples.lengths)
     assert summary["steps"] == 4 * -(-len(examples) // per_batch)
+    from asrflow.nnet import NnetError
+
+    with pytest.raises(NnetError, match="bounded window"):
+        train({"type": "lstm", "hidden": 8, "layers": 1}, opts, data, data, 4, tmp_path / "lstm", log=lambda *_: None)
 
 
 def test_config_allows_examples_for_feed_forward_hybrids_only() -> None:

@@ -347,7 +347,11 @@ class _Run:
                                       self.device, opts.clip)
         frames = parallel.learner_frames(opts.max_frames, self.world)
         if opts.example_frames and objective == "hybrid":
-            train_set = self.train_set = ExampleDataset(train_set, opts.example_frames, frame_context(self.model))
+            context = frame_context(self.model)
+            if context is None:
+                raise NnetError(f"train.example_frames needs a feed-forward network whose outputs see a bounded "
+                                f"window (dnn, cnn without subsampling), not {model_config.get('type')}")
+            train_set = self.train_set = ExampleDataset(train_set, opts.example_frames, context)
             self.sampler = ShuffledBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
         else:
             self.sampler = BucketBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
