@@ -348,7 +348,10 @@ def _check_examples(config: Mapping[str, Any], name: str) -> None:
     """Training examples (``train.example_frames`` > 0) carry a fixed context: they need a feed-forward hybrid
     whose every output frame sees a bounded, full-rate window (a DNN, a CNN-TDNN without subsampling)."""
     model = config["nnet"]["models"][name]
-    if model["type"] == "ensemble" or not model_train(config, name)["example_frames"]:
+    if model["type"] == "ensemble":
+        return
+    train = model_train(config, name)
+    if not train["example_frames"]:
         return
     key = f"config key 'nnet.models.{name}.train.example_frames'"
     if model.get("objective", "hybrid") != "hybrid" or model["type"] not in ("dnn", "cnn") \
@@ -356,7 +359,6 @@ def _check_examples(config: Mapping[str, Any], name: str) -> None:
         raise ConfigError(f"{key}: training examples need a feed-forward hybrid (dnn, or cnn without subsampling) "
                           f"whose outputs see a bounded window; {name} is a {model['type']} "
                           f"{model.get('objective', 'hybrid')} network (recurrent ones use train.chunk_frames)")
-    train = model_train(config, name)
     if train["chunk_frames"] or train["mmi"]["weight"]:
         raise ConfigError(f"{key}: examples replace whole utterances; chunk_frames and mmi need those, set them "
                           f"to 0 for {name}")

@@ -346,11 +346,12 @@ class _Run:
         self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
                                       self.device, opts.clip)
         frames = parallel.learner_frames(opts.max_frames, self.world)
-        if opts.example_frames and objective == "hybrid":
+        if opts.example_frames:
             context = frame_context(self.model)
-            if context is None:
-                raise NnetError(f"train.example_frames needs a feed-forward network whose outputs see a bounded "
-                                f"window (dnn, cnn without subsampling), not {model_config.get('type')}")
+            if context is None or objective != "hybrid":
+                raise NnetError(f"train.example_frames needs a feed-forward hybrid whose outputs see a bounded "
+                                f"window (dnn, cnn without subsampling), not a {model_config.get('type')} "
+                                f"{objective} network")
             train_set = self.train_set = ExampleDataset(train_set, opts.example_frames, context)
             self.sampler = ShuffledBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
         else:
