@@ -15,6 +15,7 @@ CONFIGS = [
     {"type": "lstm", "hidden": 32, "layers": 1, "bidirectional": False},
     {"type": "cnn", "channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]},
     {"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1], "subsampling": 3},
+    {"type": "cnn", "channels": [], "tdnn_dim": 32, "tdnn_dilations": [1, 3]},  # a plain TDNN
     {"type": "conformer", "dim": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "kernel": 5, "channels": [8]},
     {"type": "conformer", "dim": 32, "layers": 1, "heads": 2, "ffn_dim": 48, "kernel": 3, "channels": [8, 8],
      "subsampling": 4},
@@ -102,6 +103,16 @@ def test_resolving_a_config_does_not_import_torch() -> None:
             "assert c['nnet']['models']['dnn']['dropout'] is not None; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_a_plain_tdnn_cannot_subsample() -> None:
+    """Without convolutions nothing strides the frames: asking a plain TDNN to subsample is an error."""
+    from asrflow.config.sizes import complete_model_config
+
+    with pytest.raises(ValueError, match="channels is"):
+        complete_model_config({"type": "cnn", "objective": "ctc", "channels": [], "subsampling": 3})
+    with pytest.raises(ValueError, match="channels is empty"):
+        build_model({"type": "cnn", "channels": [], "tdnn_dim": 8, "tdnn_dilations": [1], "subsampling": 2}, 40, 10)
 
 
 def test_unknown_type_is_a_clear_error() -> None:

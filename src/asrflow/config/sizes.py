@@ -63,6 +63,8 @@ def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:
                          f"{', '.join(SIZES[kind])}")
     if config.get("objective", "hybrid") == "hybrid" and config.get("subsampling", 1) != 1:
         raise ValueError("subsampling must be 1 for a hybrid model (its frame targets are not subsampled)")
+    if kind == "cnn" and not config.get("channels", SIZES["cnn"]["channels"]) and config.get("subsampling", 1) != 1:
+        raise ValueError("subsampling needs a convolution to stride: channels is [] (a plain TDNN)")
     return _with_default_sizes(config, kind)
 
 

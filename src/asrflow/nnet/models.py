@@ -84,7 +84,8 @@ def hold_last(y: torch.Tensor, lengths: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class CNN(nn.Module):
-    """2-D convolutional front end over (time, frequency), then TDNN (dilated 1-D convolution) layers.
+    """2-D convolutional front end over (time, frequency), then TDNN (dilated 1-D convolution) layers;
+    with no ``channels``, a plain TDNN on the features.
 
     Convolutions pad by repeating edge frames, like the DNN's splicing: zero padding would
     look like an average (speech-like) frame after CMVN and invite word insertions at the
@@ -95,6 +96,8 @@ class CNN(nn.Module):
     def __init__(self, input_dim: int, output_dim: int, *, channels: tuple[int, ...], tdnn_dim: int,
                  tdnn_dilations: tuple[int, ...], subsampling: int, dropout: float) -> None:
         super().__init__()
+        if not channels and subsampling != 1:
+            raise ValueError("subsampling needs a convolution to stride: channels is empty (a plain TDNN)")
         self.strides = (subsampling,) + (1,) * (len(channels) - 1)
         self.conv, size = conv_front_end(input_dim, channels, self.strides)
         self.tdnn = nn.ModuleList()
