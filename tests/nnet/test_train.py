@@ -27,18 +27,27 @@ frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_f
 # Learnable toy targets: 4 classes by position in the utterance.
 targets = {u: (__import__("numpy").arange(n) * 4 // n) for u, n in frames.items()}
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
-opts = Training.defaults(epochs=3, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, checkpoint_minutes=0,
+epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+opts = Training.defaults(epochs=epochs, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, checkpoint_minutes=0,
                     patience=5, seed=3,
                     specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
 summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.1}, opts, data, data, 4, out,
-                log=lambda *_: None)
+                log=lambda line: print(line) if line.startswith(("resumed", "ignoring")) else None)
 print("best", summary["best_valid_loss"])
 """
 
 
-def _run(root: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(root), str(out)], stdout=subprocess.PIPE,
+def _run(root: Path, out: Path, epochs: int = 3) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(root), str(out), str(epochs)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+def _final(root: Path, out: Path, epochs: int) -> tuple[dict, str]:
+    """Train (or resume) to ``epochs`` in ``out``: its final.pt and the run's output."""
+    proc = _run(root, out, epochs)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, output
+    return torch.load(out / "final.pt", weights_only=True), output
 
 
 def test_sigkill_and_resume_gives_the_same_model(fbank, tmp_path: Path) -> None:  # noqa: F811
@@ -61,6 +70,22 @@ def test_sigkill_and_resume_gives_the_same_model(fbank, tmp_path: Path) -> None:
         assert torch.equal(value, final["model"][key]), key
     assert final["config"]["type"] == "dnn" and final["num_classes"] == 4
     assert not list((tmp_path / "killed").glob("*.tmp"))
+
+
+def test_a_run_resumes_across_a_change_of_epochs(fbank, tmp_path: Path) -> None:  # noqa: F811
+    """epochs only says when to stop: 1 epoch, then the same run raised to 2, is the run of 2 straight;
+    lowered back to 1 it stops at once with the best model of its first 2 epochs."""
+    straight, _ = _final(fbank, tmp_path / "straight", 2)
+    _final(fbank, tmp_path / "raised", 1)
+    raised, output = _final(fbank, tmp_path / "raised", 2)
+    assert "resumed from" in output and "epoch 1, batch 0" in output, output
+    assert torch.load(tmp_path / "raised" / "checkpoint.pt", weights_only=True)["state"]["epoch"] == 2
+    for key, value in straight["model"].items():
+        assert torch.equal(value, raised["model"][key]), key
+    lowered, output = _final(fbank, tmp_path / "raised", 1)
+    assert "resumed from" in output and "epoch 2, batch 0" in output, output
+    for key, value in straight["model"].items():
+        assert torch.equal(value, lowered["model"][key]), key
 
 
 def test_two_learners_under_torchrun(fbank, tmp_path: Path) -> None:  # noqa: F811

@@ -275,6 +275,18 @@ def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, sch
 
 # training options that change no result
 RUNTIME_OPTIONS = ("prefetch", "checkpoint_minutes", "log_every", "loader_workers", "compile")
+# options that only say when to stop (no schedule depends on them): a run resumes with other values,
+# to train on from its last epoch or to stop at one it has passed
+STOPPING_OPTIONS = ("epochs", "patience")
+
+
+def _resume_identity(model_config: dict[str, Any], opts: Training) -> tuple[list, list]:
+    """The model config and training options a checkpoint must match to be resumed."""
+    config = dict(model_config)
+    if isinstance(config.get("train"), dict):
+        config["train"] = {k: v for k, v in config["train"].items() if k not in STOPPING_OPTIONS}
+    ignored = RUNTIME_OPTIONS + STOPPING_OPTIONS
+    return sorted(config.items()), sorted((k, v) for k, v in vars(opts).items() if k not in ignored)
 
 def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
     """Every learner's ``value`` on learner 0 (None elsewhere)."""
@@ -295,7 +307,9 @@ def train(model_config: dict[str, Any], opts: Training, train_set: FeatureDatase
 
     Checkpoints go to ``state_dir`` (default ``out_dir``); one written by a run with another
     model, objective, class count, options, strategy or learner count is ignored rather than
-    resumed.
+    resumed. ``epochs`` and ``patience`` only decide when to stop, so a run resumes across a
+    change of either: more epochs train on from the last checkpoint, fewer end the run at the
+    best model so far.
 
     ``objective`` is ``hybrid`` (frame cross-entropy on ``train_set``'s frame targets) or
     ``ctc`` (its unit sequences). ``extra`` is stored in ``final.pt`` beside the weights
@@ -362,10 +376,10 @@ class _Run:
         self.state_path.mkdir(parents=True, exist_ok=True)
         self.checkpoint = self.state_path / CHECKPOINT
         input_dim = train_set[0][1].shape[1]
-        # what a checkpoint must have been written with to be resumed (prefetching and when checkpoints are
-        # written change no result)
-        self.identity = repr((sorted(model_config.items()), objective, num_classes, input_dim,
-                              sorted((k, v) for k, v in vars(opts).items() if k not in RUNTIME_OPTIONS),
+        # what a checkpoint must have been written with to be resumed (prefetching, when checkpoints are
+        # written and when to stop change no step)
+        config_identity, opts_identity = _resume_identity(model_config, opts)
+        self.identity = repr((config_identity, objective, num_classes, input_dim, opts_identity,
                               len(train_set), self.world,
                               sorted(vars(parallel).items() - {("timeout", parallel.timeout)}),
                               weights_digest(init["model"]) if init is not None else None))
