@@ -28,9 +28,9 @@ frames = {u: int(n) for u, n in read_table(root / "fbank" / "train" / "utt2num_f
 targets = {u: (__import__("numpy").arange(n) * 4 // n) for u, n in frames.items()}
 data = FeatureDataset(root / "data", root / "fbank", "train", targets)
 epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-opts = Training.defaults(epochs=epochs, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5, checkpoint_minutes=0,
-                    patience=5, seed=3,
-                    specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
+opts = Training.defaults(epochs=epochs, max_frames=2000, lr=3e-3, warmup_steps=5, checkpoint_every=5,
+                         checkpoint_minutes=0, patience=5, seed=3,
+                         specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
 summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.1}, opts, data, data, 4, out,
                 log=lambda line: print(line) if line.startswith(("resumed", "ignoring")) else None)
 print("best", summary["best_valid_loss"])
