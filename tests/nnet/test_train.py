@@ -33,6 +33,7 @@ opts = Training.defaults(epochs=epochs, max_frames=2000, lr=3e-3, warmup_steps=5
                          specaugment={"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 10})
 summary = train({"type": "dnn", "hidden": 64, "layers": 2, "context": 2, "dropout": 0.1}, opts, data, data, 4, out,
                 log=lambda line: print(line) if line.startswith(("resumed", "ignoring")) else None)
+print("run", summary["seconds"], summary["frames_per_second"])
 print("best", summary["best_valid_loss"])
 """
 
@@ -40,6 +41,12 @@ print("best", summary["best_valid_loss"])
 def _run(root: Path, out: Path, epochs: int = 3) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", SCRIPT, str(root), str(out), str(epochs)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+def _figures(output: str) -> tuple[float, float]:
+    """The training seconds and frames/s a run's summary reports."""
+    seconds, fps = output.split("run ")[-1].split()[:2]
+    return float(seconds), float(fps)
 
 
 def _final(root: Path, out: Path, epochs: int) -> tuple[dict, str]:
@@ -82,8 +89,12 @@ def test_a_run_resumes_across_a_change_of_epochs(fbank, tmp_path: Path) -> None:
     assert torch.load(tmp_path / "raised" / "checkpoint.pt", weights_only=True)["state"]["epoch"] == 2
     for key, value in straight["model"].items():
         assert torch.equal(value, raised["model"][key]), key
+    fps = _figures(output)[1]
+    saved = torch.load(tmp_path / "raised" / "checkpoint.pt", weights_only=True)["seconds"]
     lowered, output = _final(fbank, tmp_path / "raised", 1)
     assert "resumed from" in output and "epoch 2, batch 0" in output, output
+    # no step in this run, yet its summary is the whole run's: time and throughput carried by the checkpoint
+    assert fps > 0 and saved > 0 and _figures(output)[0] >= saved and _figures(output)[1] == pytest.approx(fps)
     for key, value in straight["model"].items():
         assert torch.equal(value, lowered["model"][key]), key
 

@@ -327,11 +327,11 @@ def train(model_config: dict[str, Any], opts: Training, train_set: FeatureDatase
     run.resume()
     if init is not None and not run.resumed:  # the starting model's held-out loss is the one to beat
         run.start_from_init()
-    start = time.perf_counter()
+    run.started = time.perf_counter()
     while run.state["epoch"] < opts.epochs and run.state["bad_epochs"] < opts.patience:
         run.epoch()
     run.finish()
-    return run.summary(time.perf_counter() - start)
+    return run.summary()
 
 
 class _Run:
@@ -393,8 +393,11 @@ class _Run:
         self.stream: Iterator[tuple[tuple[int, int], dict]] | None = None
         self.steps_per_epoch = len(self.sampler)
         self.forward = torch.compile(self.model, dynamic=True) if opts.compile else self.model
+        # the whole run's totals and time, carried across resumes by the checkpoints
         self.totals = {"frames": 0.0, "data": 0.0, "calc": 0.0, "transmit": 0.0, "merge": 0.0, "wait": 0.0,
                        "bytes": 0.0, "steps": 0, "held_out": 0.0}
+        self.seconds_before = 0.0  # training time of the runs this one resumed
+        self.started = time.perf_counter()
 
     def _model(self, model_config: dict[str, Any], num_classes: int, init: dict[str, Any] | None) -> torch.nn.Module:
         """The network on this learner's device: seeded random weights, or ``init``'s."""
@@ -426,6 +429,8 @@ class _Run:
         if self.device.type == "cuda" and "cuda_rng" in mine:
             torch.cuda.set_rng_state(mine["cuda_rng"].cpu(), self.device)
         self.state, self.resumed = saved["state"], True
+        self.totals.update(saved.get("totals", {}))
+        self.seconds_before = saved.get("seconds", 0.0)
         self.log(f"resumed from {self.checkpoint}: epoch {self.state['epoch']}, batch {self.state['batch']}, "
                  f"step {self.state['step']}")
 
@@ -447,8 +452,12 @@ class _Run:
         learners = _gather(_learner_state(self.model, self.optimiser, self.scheduler, self.strategy, self.device),
                            self.rank, self.world)
         if self.rank == 0:
-            self.writer.write({"learners": learners, "state": dict(self.state), "identity": self.identity},
-                              self.checkpoint)
+            self.writer.write({"learners": learners, "state": dict(self.state), "identity": self.identity,
+                               "totals": dict(self.totals), "seconds": self.elapsed()}, self.checkpoint)
+
+    def elapsed(self) -> float:
+        """Seconds of training so far, the runs this one resumed included."""
+        return self.seconds_before + time.perf_counter() - self.started
 
     def held_out(self) -> tuple[float, float | None]:
         """Held-out loss and frame accuracy over every learner's part."""
@@ -480,9 +489,7 @@ class _Run:
             assert made_for == epoch and index == self.state["batch"], "the batch stream lost its place"
             self.step(index, batch, t0)
         self.strategy.synchronise()
-        held_out_start = time.perf_counter()
         self.end_epoch()
-        self.totals["held_out"] += time.perf_counter() - held_out_start
 
     def step(self, index: int, batch: dict, t0: float) -> None:
         """One training step on ``batch`` (batch ``index`` of the epoch, read since ``t0``).
@@ -529,7 +536,9 @@ class _Run:
         """Held-out evaluation, newbob, the best model and early stopping, then the epoch's checkpoint."""
         self.flush_metrics()
         state = self.state
+        held_out_start = time.perf_counter()
         valid_loss, valid_acc = self.held_out()
+        self.totals["held_out"] += time.perf_counter() - held_out_start
         self.log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
                  + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
                  + f", lr {self.scheduler.get_last_lr()[0]:.2e}")
@@ -571,15 +580,16 @@ class _Run:
             best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
             atomic_save(best or {"model": self.model.state_dict(), **self.header}, self.out / "final.pt")
 
-    def summary(self, seconds: float) -> dict[str, Any]:
-        """Epochs, steps, the best held-out loss, throughput and the per-step times of the timing model."""
-        totals, state = self.totals, self.state
+    def summary(self) -> dict[str, Any]:
+        """Epochs, steps, the best held-out loss, throughput and the per-step times of the timing model, over the
+        whole run (a resumed run's totals and time include those of the runs it resumed)."""
+        totals, state, seconds = self.totals, self.state, self.elapsed()
         busy = max(totals["data"] + totals["calc"] + totals["transmit"] + totals["merge"] + totals["wait"], 1e-9)
         steps = max(totals["steps"], 1)
         return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
                 "best_valid_frame_accuracy": state.get("best_accuracy"),
                 "parameters": parameter_count(self.model), "seconds": seconds, "world_size": self.world,
-                # without the held-out evaluations and epoch checkpoints
+                # without the held-out evaluations
                 "train_seconds": seconds - totals["held_out"],
                 "strategy": self.parallel.strategy if self.world > 1 else "single", "device": str(self.device),
                 "frames_per_second": totals["frames"] * self.world / busy, "data_wait_fraction": totals["data"] / busy,
