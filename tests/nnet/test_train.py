@@ -58,20 +58,14 @@ def _final(root: Path, out: Path, epochs: int) -> tuple[dict, str]:
 
 
 def test_sigkill_and_resume_gives_the_same_model(fbank, tmp_path: Path) -> None:  # noqa: F811
-    straight = _run(fbank, tmp_path / "straight")
-    output = straight.communicate(timeout=300)[0]
-    assert straight.returncode == 0, output
+    reference, output = _final(fbank, tmp_path / "straight", 3)
     best = float(output.split("best")[-1])
     assert best < 0.9 * torch.log(torch.tensor(4.0)).item()  # learnt something beyond chance (ln 4)
-    reference = torch.load(tmp_path / "straight" / "final.pt", weights_only=True)
 
     ckpt = kill_at_first_checkpoint(_run(fbank, tmp_path / "killed"), tmp_path / "killed" / "checkpoint.pt")
     state = torch.load(ckpt, weights_only=True)["state"]
     assert state["epoch"] == 0 and state["batch"] > 0  # killed mid-epoch
-    resumed = _run(fbank, tmp_path / "killed")
-    output = resumed.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, output
-    final = torch.load(tmp_path / "killed" / "final.pt", weights_only=True)
+    final, _ = _final(fbank, tmp_path / "killed", 3)
     assert final["model"].keys() == reference["model"].keys()
     for key, value in reference["model"].items():
         assert torch.equal(value, final["model"][key]), key

@@ -281,12 +281,12 @@ STOPPING_OPTIONS = ("epochs", "patience")
 
 
 def _resume_identity(model_config: dict[str, Any], opts: Training) -> tuple[list, list]:
-    """The model config and training options a checkpoint must match to be resumed."""
-    config = dict(model_config)
-    if isinstance(config.get("train"), dict):
-        config["train"] = {k: v for k, v in config["train"].items() if k not in STOPPING_OPTIONS}
+    """The model config and training options a checkpoint must match to be resumed. The model's own
+    ``train`` overrides are left to ``opts``, which holds them resolved."""
     ignored = RUNTIME_OPTIONS + STOPPING_OPTIONS
-    return sorted(config.items()), sorted((k, v) for k, v in vars(opts).items() if k not in ignored)
+    return (sorted((k, v) for k, v in model_config.items() if k != "train"),
+            sorted((k, v) for k, v in vars(opts).items() if k not in ignored))
+
 
 def _gather(value: dict, rank: int, world: int) -> list[dict] | None:
     """Every learner's ``value`` on learner 0 (None elsewhere)."""
