@@ -16,6 +16,7 @@ CONFIGS = [
     {"type": "cnn", "channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]},
     {"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1], "subsampling": 3},
     {"type": "cnn", "channels": [], "tdnn_dim": 32, "tdnn_dilations": [1, 3]},  # a plain TDNN
+    {"type": "cnn", "channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2], "norm": "layer"},
     {"type": "conformer", "dim": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "kernel": 5, "channels": [8]},
     {"type": "conformer", "dim": 32, "layers": 1, "heads": 2, "ffn_dim": 48, "kernel": 3, "channels": [8, 8],
      "subsampling": 4},
@@ -45,6 +46,33 @@ def test_shapes_lengths_and_padding_independence(config: dict) -> None:
         # the second utterance alone gives the same outputs as inside the padded batch
         alone, _ = model(x[1:, :18], lengths[1:])
         torch.testing.assert_close(logits[1, :out_lengths[1]], alone[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["cnn", "conformer"])
+def test_layer_norm_computes_the_same_in_training_and_inference(kind: str) -> None:
+    """With ``norm: layer`` (and no dropout) a batch in training mode gives the outputs of inference, and an
+    utterance's training-mode outputs do not depend on the batch around it; with ``norm: batch`` they do."""
+    sizes = ({"channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]} if kind == "cnn"
+             else {"dim": 32, "layers": 1, "heads": 4, "ffn_dim": 64, "kernel": 5, "channels": [8]})
+    torch.manual_seed(0)
+    scale, shift = torch.tensor([1.0, 3.0, 0.2]).view(3, 1, 1), torch.tensor([0.0, 2.0, -1.0]).view(3, 1, 1)
+    x = torch.randn(3, 30, 40) * scale + shift  # utterances unlike each other
+    lengths = torch.tensor([30, 30, 30])
+    outputs = {}
+    for norm in ("batch", "layer"):
+        model = build_model({"type": kind, **sizes, "norm": norm, "dropout": 0.0}, 40, 11)
+        trained, _ = model.train()(x, lengths)
+        alone, _ = model(x[:1], lengths[:1])
+        inferred, _ = model.eval()(x, lengths)
+        outputs[norm] = (trained, alone, inferred)
+    trained, alone, inferred = outputs["layer"]
+    torch.testing.assert_close(trained, inferred, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(trained[:1], alone, atol=1e-5, rtol=1e-4)
+    trained, alone, inferred = outputs["batch"]
+    assert not torch.allclose(trained, inferred, atol=1e-3)
+    assert not torch.allclose(trained[:1], alone, atol=1e-3)
+    with pytest.raises(ValueError, match="unknown norm 'group'; known: batch, layer"):
+        build_model({"type": kind, **sizes, "norm": "group"}, 40, 11)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -13,9 +13,9 @@ SIZES: dict[str, dict[str, Any]] = {
     "dnn": {"hidden": 512, "layers": 4, "context": 5, "dropout": 0.1},
     "lstm": {"hidden": 320, "layers": 3, "bidirectional": True, "projection": 0, "dropout": 0.1},
     "cnn": {"channels": [32, 32], "tdnn_dim": 384, "tdnn_dilations": [1, 2, 3, 3], "subsampling": 1,
-            "dropout": 0.1},
+            "norm": "batch", "dropout": 0.1},
     "conformer": {"dim": 144, "layers": 4, "heads": 4, "ffn_dim": 576, "kernel": 15, "channels": [64, 64],
-                  "subsampling": 1, "dropout": 0.1},
+                  "subsampling": 1, "norm": "batch", "dropout": 0.1},
     "ensemble": {"members": [], "combine": "log_linear"},
 }
 

@@ -94,17 +94,17 @@ class CNN(nn.Module):
     """
 
     def __init__(self, input_dim: int, output_dim: int, *, channels: tuple[int, ...], tdnn_dim: int,
-                 tdnn_dilations: tuple[int, ...], subsampling: int, dropout: float) -> None:
+                 tdnn_dilations: tuple[int, ...], subsampling: int, norm: str, dropout: float) -> None:
         super().__init__()
         if not channels and subsampling != 1:
             raise ValueError("subsampling needs a convolution to stride: channels is empty (a plain TDNN)")
         self.strides = (subsampling,) + (1,) * (len(channels) - 1)
-        self.conv, size = conv_front_end(input_dim, channels, self.strides)
+        self.conv, size = conv_front_end(input_dim, channels, self.strides, norm)
         self.tdnn = nn.ModuleList()
         for d in tdnn_dilations:
             self.tdnn.append(nn.Sequential(
                 nn.Conv1d(size, tdnn_dim, kernel_size=3, dilation=d, padding=d, padding_mode="replicate"),
-                nn.ReLU(), nn.BatchNorm1d(tdnn_dim), nn.Dropout(dropout)))
+                nn.ReLU(), normalisation(norm, tdnn_dim), nn.Dropout(dropout)))
             size = tdnn_dim
         self.output = nn.Linear(size, output_dim)
 
@@ -116,17 +116,49 @@ class CNN(nn.Module):
         return self.output(y.transpose(1, 2)), out_lengths
 
 
-def conv_front_end(input_dim: int, channels: tuple[int, ...], strides: tuple[int, ...]) -> tuple[nn.ModuleList, int]:
+NORMS = ("batch", "layer")
+
+
+class FrameNorm(nn.Module):
+    """Layer normalisation of each frame on its own, over all its features: the channels of a
+    (B, C, T) tensor, or the channels × bins of a (B, C, T, F) one. Unlike batch normalisation it
+    keeps no statistics across utterances, so training and inference compute the same thing."""
+
+    def __init__(self, channels: int, bins: int | None = None) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm((channels,) if bins is None else (channels, bins))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        if y.dim() == 3:
+            return self.norm(y.transpose(1, 2)).transpose(1, 2)
+        return self.norm(y.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+
+
+def normalisation(norm: str, channels: int, bins: int | None = None) -> nn.Module:
+    """The normaliser after a convolution: ``batch`` (BatchNorm over the batch's frames, running
+    statistics at inference) or ``layer`` (:class:`FrameNorm`, each frame on its own); ``bins``
+    for a 2-D convolution's frequency axis."""
+    if norm == "batch":
+        return nn.BatchNorm1d(channels) if bins is None else nn.BatchNorm2d(channels)
+    if norm == "layer":
+        return FrameNorm(channels, bins)
+    raise ValueError(f"unknown norm {norm!r}; known: {', '.join(NORMS)}")
+
+
+def conv_front_end(input_dim: int, channels: tuple[int, ...], strides: tuple[int, ...],
+                   norm: str) -> tuple[nn.ModuleList, int]:
     """3 × 3 convolutions over (time, frequency), each with its time stride, halving the frequency
-    axis while it has 8 bins or more; the blocks and the features per output frame (channels × bins)."""
+    axis while it has 8 bins or more, each followed by ReLU and the ``norm`` normaliser; the blocks
+    and the features per output frame (channels × bins)."""
     blocks = nn.ModuleList()
     in_ch, freq = 1, input_dim
     for ch, stride_t in zip(channels, strides):
+        out_freq = (freq + 1) // 2 if freq >= 8 else freq
         blocks.append(nn.Sequential(
             nn.Conv2d(in_ch, ch, kernel_size=3, stride=(stride_t, 2 if freq >= 8 else 1), padding=1,
                       padding_mode="replicate"),
-            nn.ReLU(), nn.BatchNorm2d(ch)))
-        freq = (freq + 1) // 2 if freq >= 8 else freq
+            nn.ReLU(), normalisation(norm, ch, out_freq)))
+        freq = out_freq
         in_ch = ch
     return blocks, in_ch * freq
 
@@ -158,7 +190,7 @@ class Conformer(nn.Module):
     """
 
     def __init__(self, input_dim: int, output_dim: int, *, dim: int, layers: int, heads: int, ffn_dim: int,
-                 kernel: int, channels: tuple[int, ...], subsampling: int, dropout: float) -> None:
+                 kernel: int, channels: tuple[int, ...], subsampling: int, norm: str, dropout: float) -> None:
         super().__init__()
         if subsampling not in (1, 2, 4):
             raise ValueError(f"a conformer's subsampling must be 1, 2 or 4, not {subsampling}")
@@ -169,7 +201,7 @@ class Conformer(nn.Module):
             raise ValueError(f"a conformer needs dim a multiple of heads and an odd kernel (dim {dim}, heads {heads}, "
                              f"kernel {kernel})")
         self.strides = (2,) * halvings + (1,) * (len(channels) - halvings)
-        self.front, size = conv_front_end(input_dim, channels, self.strides)
+        self.front, size = conv_front_end(input_dim, channels, self.strides, norm)
         self.input = nn.Linear(size, dim)
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(ConformerBlock(dim, heads, ffn_dim, kernel, dropout) for _ in range(layers))
