@@ -371,6 +371,9 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
     models = config["nnet"]["models"]
     model = models[name]
     if "init" not in model:
+        if "low_rank" in model:
+            raise ConfigError(f"config key 'nnet.models.{name}.low_rank': a low-rank network is factorised from a "
+                              f"trained one: set nnet.models.{name}.init to the network it starts from")
         return
     key = f"config key 'nnet.models.{name}.init'"
     source = model["init"]
@@ -383,6 +386,8 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
     other = models[source]
     if other["type"] == "ensemble":
         raise ConfigError(f"{key}: {source!r} is an ensemble; init names one trained network")
+    if "low_rank" in other:
+        raise ConfigError(f"{key}: {source!r} is factorised (low_rank); init names a network of whole layers")
     differences = [what for what, mine, theirs in (
         ("type and sizes", network_config(model), network_config(other)),
         ("objective", model["objective"], other["objective"]),

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from asrflow.config.sizes import network_config
+from asrflow.nnet.lowrank import factorise
 
 
 def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -307,15 +308,18 @@ MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "conformer": Conformer, "ensembl
 
 def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:
     """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes
-    (the type's defaults, :data:`asrflow.config.sizes.SIZES`, for those it leaves out)."""
+    (the type's defaults, :data:`asrflow.config.sizes.SIZES`, for those it leaves out); ``ranks``
+    (layer name → rank, what a low-rank network's ``final.pt`` stores) factorises those layers."""
     options = network_config(config)
     kind = options.pop("type", None)
+    ranks = options.pop("ranks", None)
     if kind not in MODELS:
         raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")
     for key in ("channels", "tdnn_dilations"):
         if key in options:
             options[key] = tuple(options[key])
-    return MODELS[kind](input_dim, output_dim, **options)
+    model = MODELS[kind](input_dim, output_dim, **options)
+    return factorise(model, ranks) if ranks else model
 
 
 def frame_context(model: nn.Module) -> int | None:

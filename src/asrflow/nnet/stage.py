@@ -41,7 +41,9 @@ from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset
 from asrflow.nnet.hybrid import pdf_priors, posterior_priors, spread_indices
 from asrflow.nnet.inference import load_network
+from asrflow.nnet.lowrank import factorised_init
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
+from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.train import atomic_save, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.tracking import BackgroundMetrics
@@ -215,6 +217,15 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     targets, train_set, valid_set, rejected = training_data(config, system, train_split, paths)
     opts = net.training
     init = initial_weights(config, system, paths.init)
+    model = config["nnet"]["models"][system]
+    if init is not None and net.low_rank:
+        whole = build_model(init["config"], init["input_dim"], init["num_classes"])
+        init, ranks = factorised_init(init, whole, net.low_rank)
+        model = {**model, "ranks": ranks}
+        smaller = build_model(model, init["input_dim"], init["num_classes"])
+        listed = ", ".join(map(str, ranks.values()))
+        log(f"{system}: {len(ranks)} layers of {net.init} factorised by SVD (ranks {listed}): "
+            f"{parameter_count(whole):,} → {parameter_count(smaller):,} weights")
     criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang)
                  if net.objective == "hybrid" else None)
     log(f"{system} ({net.type}, {net.objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
@@ -230,10 +241,10 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     run.log_params({**{f"nnet.effective.{k}": v for k, v in opts.as_dict().items()},
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": net.features,
                     "nnet.effective.cmvn": net.cmvn, "nnet.effective.alignments": alignments or "none",
-                    "nnet.effective.init": net.init or "none"})
+                    "nnet.effective.init": net.init or "none",
+                    "nnet.effective.low_rank": " ".join(f"{k} {v}" for k, v in (net.low_rank or {}).items()) or "none"})
     # per-step metrics written off the training loop, every 25 steps and with each held-out evaluation
     log_metrics = BackgroundMetrics(run)
-    model = config["nnet"]["models"][system]
     try:
         summary = train(model, opts, train_set, valid_set, targets.num_classes, out, log_metrics=log_metrics,
                         log=log, objective=net.objective, extra=targets.extra, state_dir=state,
@@ -243,6 +254,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
                 "features": net.features, "cmvn": net.cmvn, "alignments": alignments, "init": net.init,
+                "low_rank": net.low_rank,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

@@ -67,8 +67,9 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
     objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
-    if params.get("nnet.effective.init", "none") != "none":
-        objective += f", fine-tuned from {params['nnet.effective.init']}"
+    init, low_rank = params.get("nnet.effective.init", "none"), params.get("nnet.effective.low_rank", "none")
+    if init != "none":
+        objective += f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else f", fine-tuned from {init}"
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
