@@ -102,7 +102,7 @@ def test_config_needs_init_and_a_whole_network_to_factorise() -> None:
     assert resolved["nnet"]["models"]["small"]["low_rank"] == {"keep": 0.3}
     with pytest.raises(ConfigError, match="set nnet.models.small.init"):
         config({"small": {**DNN, "low_rank": {"energy": 0.8}}})
-    with pytest.raises(ConfigError, match="'small' is factorised"):
+    with pytest.raises(ConfigError, match=r"'small' is compressed \(low_rank\)"):
         config({"big": dict(DNN), "small": {**DNN, "init": "big", "low_rank": {"keep": 0.3}},
                 "again": {**DNN, "init": "small"}})
     with pytest.raises(ConfigError, match="low_rank"):

@@ -364,15 +364,21 @@ def _check_examples(config: Mapping[str, Any], name: str) -> None:
                           f"to 0 for {name}")
 
 
+COMPRESSIONS = ("low_rank", "prune")  # ways a network is made smaller from its init's weights
+
+
 def _check_init(config: Mapping[str, Any], name: str) -> None:
     """A network fine-tuned from another (``init``) starts from that network's weights: it names a trained
     network of the same shape (type, sizes, objective, units, features, alignments), and no chain of
     ``init`` leads back to itself."""
     models = config["nnet"]["models"]
     model = models[name]
+    compressions = [k for k in COMPRESSIONS if k in model]
+    if len(compressions) > 1:
+        raise ConfigError(f"nnet.models.{name}: {' and '.join(compressions)} cannot be combined; choose one")
     if "init" not in model:
-        if "low_rank" in model:
-            raise ConfigError(f"config key 'nnet.models.{name}.low_rank': a low-rank network is factorised from a "
+        if compressions:
+            raise ConfigError(f"config key 'nnet.models.{name}.{compressions[0]}': a compressed network is made from a "
                               f"trained one: set nnet.models.{name}.init to the network it starts from")
         return
     key = f"config key 'nnet.models.{name}.init'"
@@ -386,8 +392,9 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
     other = models[source]
     if other["type"] == "ensemble":
         raise ConfigError(f"{key}: {source!r} is an ensemble; init names one trained network")
-    if "low_rank" in other:
-        raise ConfigError(f"{key}: {source!r} is factorised (low_rank); init names a network of whole layers")
+    if any(k in other for k in COMPRESSIONS):
+        raise ConfigError(f"{key}: {source!r} is compressed ({', '.join(k for k in COMPRESSIONS if k in other)}); "
+                          f"init names a network of whole layers")
     differences = [what for what, mine, theirs in (
         ("type and sizes", network_config(model), network_config(other)),
         ("objective", model["objective"], other["objective"]),

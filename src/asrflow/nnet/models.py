@@ -17,6 +17,7 @@ from torch import nn
 
 from asrflow.config.sizes import network_config
 from asrflow.nnet.lowrank import factorise
+from asrflow.nnet.prune import masked
 
 
 def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -308,18 +309,21 @@ MODELS = {"dnn": DNN, "lstm": LSTM, "cnn": CNN, "conformer": Conformer, "ensembl
 
 def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.Module:
     """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes
-    (the type's defaults, :data:`asrflow.config.sizes.SIZES`, for those it leaves out); ``ranks``
-    (layer name → rank, what a low-rank network's ``final.pt`` stores) factorises those layers."""
+    (the type's defaults, :data:`asrflow.config.sizes.SIZES`, for those it leaves out). What a compressed
+    network's ``final.pt`` stores in its config rebuilds its shape: ``ranks`` (layer name → rank)
+    factorises those layers, ``pruned`` (layer names) masks their weights."""
     options = network_config(config)
     kind = options.pop("type", None)
-    ranks = options.pop("ranks", None)
+    ranks, pruned = options.pop("ranks", None), options.pop("pruned", None)
     if kind not in MODELS:
         raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")
     for key in ("channels", "tdnn_dilations"):
         if key in options:
             options[key] = tuple(options[key])
     model = MODELS[kind](input_dim, output_dim, **options)
-    return factorise(model, ranks) if ranks else model
+    if ranks:
+        factorise(model, ranks)
+    return masked(model, pruned) if pruned else model
 
 
 def frame_context(model: nn.Module) -> int | None:
@@ -334,5 +338,11 @@ def frame_context(model: nn.Module) -> int | None:
 
 
 def parameter_count(model: nn.Module) -> int:
-    """Trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    """Trainable parameters; a pruned weight (``weight_orig`` with a ``weight_mask``) counts its kept entries."""
+    total = 0
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad:
+                mask = getattr(module, name.removesuffix("_orig") + "_mask", None) if name.endswith("_orig") else None
+                total += int(mask.sum()) if mask is not None else param.numel()
+    return total

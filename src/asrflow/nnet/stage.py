@@ -44,6 +44,7 @@ from asrflow.nnet.inference import load_network
 from asrflow.nnet.lowrank import factorised_init
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.models import build_model, parameter_count
+from asrflow.nnet.prune import pruned_init
 from asrflow.nnet.train import atomic_save, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.tracking import BackgroundMetrics
@@ -202,6 +203,24 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
     return saved
 
 
+def compressed_init(init: dict[str, Any], model: dict[str, Any], net: settings.Network,
+                    log=print) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``init`` (the init network's ``final.pt``) made smaller by the network's ``low_rank`` or ``prune``, and
+    the network's config with the shape that takes (``ranks`` or ``pruned``), as its ``final.pt`` keeps it."""
+    whole = build_model(init["config"], init["input_dim"], init["num_classes"])
+    if net.low_rank:
+        init, ranks = factorised_init(init, whole, net.low_rank)
+        model, how = {**model, "ranks": ranks}, f"factorised by SVD (ranks {', '.join(map(str, ranks.values()))})"
+    else:
+        init, layers = pruned_init(init, whole, net.prune["fraction"])
+        model, how = {**model, "pruned": layers}, f"pruned by {net.prune['fraction']:.0%}"
+    smaller = build_model(model, init["input_dim"], init["num_classes"])
+    smaller.load_state_dict(init["model"])  # a pruned network's count depends on its masks
+    log(f"{net.name}: {len(model.get('ranks') or model['pruned'])} layers of {net.init} {how}: "
+        f"{parameter_count(whole):,} → {parameter_count(smaller):,} weights")
+    return init, model
+
+
 def train_system(config: dict[str, Any], system: str, train_split: str, paths: Paths, run: Any,
                  log=print) -> dict[str, Any]:
     """Train network ``system`` on ``train_split``; rank 0 writes the folder described above into ``paths.out``.
@@ -218,14 +237,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     opts = net.training
     init = initial_weights(config, system, paths.init)
     model = config["nnet"]["models"][system]
-    if init is not None and net.low_rank:
-        whole = build_model(init["config"], init["input_dim"], init["num_classes"])
-        init, ranks = factorised_init(init, whole, net.low_rank)
-        model = {**model, "ranks": ranks}
-        smaller = build_model(model, init["input_dim"], init["num_classes"])
-        listed = ", ".join(map(str, ranks.values()))
-        log(f"{system}: {len(ranks)} layers of {net.init} factorised by SVD (ranks {listed}): "
-            f"{parameter_count(whole):,} → {parameter_count(smaller):,} weights")
+    if init is not None and (net.low_rank or net.prune):
+        init, model = compressed_init(init, model, net, log)
     criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang)
                  if net.objective == "hybrid" else None)
     log(f"{system} ({net.type}, {net.objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
@@ -242,7 +255,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": net.features,
                     "nnet.effective.cmvn": net.cmvn, "nnet.effective.alignments": alignments or "none",
                     "nnet.effective.init": net.init or "none",
-                    "nnet.effective.low_rank": " ".join(f"{k} {v}" for k, v in (net.low_rank or {}).items()) or "none"})
+                    "nnet.effective.low_rank": " ".join(f"{k} {v}" for k, v in (net.low_rank or {}).items()) or "none",
+                    "nnet.effective.prune": str(net.prune["fraction"]) if net.prune else "none"})
     # per-step metrics written off the training loop, every 25 steps and with each held-out evaluation
     log_metrics = BackgroundMetrics(run)
     try:
@@ -254,7 +268,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
                 "features": net.features, "cmvn": net.cmvn, "alignments": alignments, "init": net.init,
-                "low_rank": net.low_rank,
+                "low_rank": net.low_rank, "prune": net.prune,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

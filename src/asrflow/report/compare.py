@@ -68,8 +68,11 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
         objective += ", speed-perturbed data"
     objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
     init, low_rank = params.get("nnet.effective.init", "none"), params.get("nnet.effective.low_rank", "none")
+    pruned = params.get("nnet.effective.prune", "none")
     if init != "none":
-        objective += f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else f", fine-tuned from {init}"
+        objective += (f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else
+                      f", {float(pruned):.0%} pruned from {init}, fine-tuned" if pruned != "none" else
+                      f", fine-tuned from {init}")
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"

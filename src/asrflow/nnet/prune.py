@@ -1,0 +1,56 @@
+"""Magnitude pruning of a trained network (Han et al. 2015): the smallest weights set to zero, then
+fine-tuning with them held at zero.
+
+Each linear layer and 1-D convolution keeps the largest ``1 − fraction`` of its weights by
+magnitude (biases are kept). The layer's weight becomes ``weight_orig × weight_mask``
+(:mod:`torch.nn.utils.prune`), so the optimiser updates only the kept weights and the mask
+travels in ``final.pt``. A network is pruned from another's trained weights (``init``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils import prune as torch_prune
+
+from asrflow.nnet.lowrank import factorisable
+
+
+def masked(model: nn.Module, layers: list[str]) -> nn.Module:
+    """``model`` with each named layer's weight held as ``weight_orig × weight_mask`` (the mask all ones
+    until weights are loaded into it); an unknown or unprunable name is a ValueError."""
+    modules = factorisable(model)
+    unknown = sorted(set(layers) - set(modules))
+    if unknown:
+        raise ValueError(f"no linear layer or 1-D convolution named {', '.join(unknown)} in this network")
+    for name in layers:
+        torch_prune.identity(modules[name], "weight")
+    return model
+
+
+def pruned_state(state: dict[str, torch.Tensor], layers: list[str], fraction: float) -> dict[str, torch.Tensor]:
+    """Trained weights ``state`` with, in each named layer, the ``fraction`` of weights smallest in magnitude
+    zeroed, as a :func:`masked` network loads them (``<name>.weight_orig`` and ``<name>.weight_mask``)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the pruned fraction must be between 0 and 1, not {fraction}")
+    out = dict(state)
+    for name in layers:
+        weight = out.pop(f"{name}.weight")
+        drop = int(fraction * weight.numel())
+        mask = torch.ones_like(weight)
+        if drop:
+            order = weight.abs().flatten().argsort()  # ties broken by position: exactly ``drop`` weights go
+            mask.view(-1)[order[:drop]] = 0.0
+        out[f"{name}.weight_orig"] = weight * mask
+        out[f"{name}.weight_mask"] = mask
+    return out
+
+
+def pruned_init(init: dict[str, Any], model: nn.Module, fraction: float) -> tuple[dict[str, Any], list[str]]:
+    """A trained network's ``final.pt`` content ``init`` (for ``model``'s shape) with the ``fraction`` of smallest
+    weights of every linear layer and 1-D convolution zeroed, and the names of those layers."""
+    layers = list(factorisable(model))
+    return {**init, "model": pruned_state(init["model"], layers, fraction)}, layers
+
