@@ -17,7 +17,7 @@ rule nnet:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
-        optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang", "init"),
+        optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang", "init", "teacher"),
     threads: nnet_threads(config, workflow.cores)
     resources:
         mem_mb=job_resource("nnet", "mem_mb", reads="network", config=config),  # MB (sbatch --mem)

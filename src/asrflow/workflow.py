@@ -283,7 +283,7 @@ def system_pattern(names: list[str] | tuple[str, ...]) -> str:
 
 def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of training network ``system`` on ``train``: hybrid models add the GMM and its graph, CTC over phones
-    TLG; a fine-tuned network (``init``) the trained network it starts from."""
+    TLG; a fine-tuned network (``init``) the trained network it starts from, a student (``teacher``) its teacher."""
     root = results_dir(config)
     inputs = {"data": f"{root}/data", "features": features_dir(config, train, system), "lang": f"{root}/lang/{train}"}
     model = config["nnet"]["models"][system]
@@ -298,6 +298,8 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
         inputs["graph"] = f"{root}/graph/{train}/tlg"
     if "init" in model:
         inputs["init"] = f"{root}/nnet/{train}/{model['init']}"
+    if "teacher" in model:
+        inputs["teacher"] = f"{root}/nnet/{train}/{model['teacher']['network']}"
     return inputs
 
 

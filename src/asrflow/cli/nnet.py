@@ -98,6 +98,7 @@ def register(sub: Any) -> None:
                    "the MMI denominator)")
     p.add_argument("--lang", help="lang folder (its LM is bundled into the MLflow model of a CTC network)")
     p.add_argument("--init", help="the trained network folder the weights start from (the model's init)")
+    p.add_argument("--teacher", help="the trained network folder of the model's teacher (teacher–student training)")
     p.add_argument("--state", help="folder for the resumable training state (default: <out>/state)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads, shared by the local processes")
     p.set_defaults(func=cmd_nnet)

@@ -14,7 +14,8 @@ class Paths:
     ``data``: the data stage's folder; ``features``: the feature kind the system reads; ``lang``: the lang of its
     training split; ``gmm``: a GMM system folder (alignments, tree, transition model); ``graph``: its HCLG (or a
     TLG) folder; ``alignments``: the align stage's folder of the speed-perturbed copies; ``init``: a trained
-    network folder to start from; ``state``: the resumable training state; ``tune``: the tune stage's folder;
+    network folder to start from; ``teacher``: a trained network folder to learn from; ``state``: the resumable
+    training state; ``tune``: the tune stage's folder;
     ``model``: the trained system being decoded or tuned; ``heldout_lang``, ``heldout_graph``: the lang whose LM
     has not seen the held-out utterances, and its HCLG, which tuning decodes them with; ``out``: what the stage
     writes.
@@ -28,6 +29,7 @@ class Paths:
     graph: Path | None = None
     alignments: Path | None = None
     init: Path | None = None
+    teacher: Path | None = None
     state: Path | None = None
     tune: Path | None = None
     model: Path | None = None

@@ -223,6 +223,7 @@ def _check_systems(config: dict[str, Any]) -> None:
         _check_mmi(config, name)
         _check_examples(config, name)
         _check_init(config, name)
+        _check_teacher(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):
@@ -342,6 +343,47 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
     if model_train(config, name)["chunk_frames"]:
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
+
+
+def _check_teacher(config: Mapping[str, Any], name: str) -> None:
+    """A student (``teacher``) is a hybrid trained on whole utterances without MMI, and its teacher a trained
+    hybrid or ensemble over the same features and alignments that does not itself depend on the student."""
+    models = config["nnet"]["models"]
+    model = models[name]
+    if "teacher" not in model:
+        return
+    key = f"config key 'nnet.models.{name}.teacher'"
+    source = model["teacher"]["network"]
+    if model["type"] == "ensemble" or model.get("objective", "hybrid") != "hybrid":
+        raise ConfigError(f"{key}: a student is a trained hybrid network; {name} is a "
+                          f"{'an ensemble' if model['type'] == 'ensemble' else model['objective'] + ' network'}")
+    if source not in models or source == name:
+        hint = difflib.get_close_matches(source, [m for m in models if m != name], n=1)
+        raise ConfigError(f"{key}: {source!r} is not another network in nnet.models"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    if models[source].get("objective", "hybrid") != "hybrid":
+        raise ConfigError(f"{key}: {source!r} is a {models[source]['objective']} network; a teacher is a hybrid "
+                          f"over the student's tied states")
+    differences = [what for what, fn in (("features", model_features), ("alignments", model_alignments))
+                   if fn(config, name) != fn(config, source)]
+    if differences:
+        raise ConfigError(f"{key}: {source!r} and {name} differ in {', '.join(differences)} (a teacher reads the "
+                          f"student's batches and scores its tied states)")
+    train = model_train(config, name)
+    if train["chunk_frames"] or train["example_frames"] or train["mmi"]["weight"]:
+        raise ConfigError(f"{key}: a student trains on whole utterances with cross-entropy (the teacher sees its "
+                          f"batches): set train.chunk_frames, train.example_frames and train.mmi.weight to 0")
+    seen, todo = set(), [source]
+    while todo:  # the networks the teacher needs trained first
+        other = todo.pop()
+        if other == name:
+            raise ConfigError(f"{key}: {source!r} depends on {name} (through init, teacher or members)")
+        if other in seen or other not in models:
+            continue
+        seen.add(other)
+        dependency = models[other]
+        todo += [*dependency.get("members", ()), *([dependency["init"]] if "init" in dependency else []),
+                 *([dependency["teacher"]["network"]] if "teacher" in dependency else [])]
 
 
 def _check_examples(config: Mapping[str, Any], name: str) -> None:

@@ -284,6 +284,7 @@ class Network:
     init: str | None  # the network whose final weights it starts from
     low_rank: dict[str, float] | None  # energy or keep: init's layers factorised by truncated SVD
     prune: dict[str, float] | None  # fraction: init's smallest weights zeroed
+    teacher: dict[str, Any] | None  # network, weight, temperature: teacher–student training
     sizes: dict[str, Any]  # type and sizes: what asrflow.nnet.models.build_model takes
     members: tuple[str, ...]  # ensemble: its members
     training: Training | None  # None for an ensemble (assembled, not trained)
@@ -322,6 +323,7 @@ def network(config: dict[str, Any], system: str) -> Network:
                    alignments=model_alignments(config, system), cmvn=model_cmvn(config, system),
                    priors=config["nnet"]["priors"], prior_frames=config["nnet"]["prior_frames"],
                    init=model.get("init"), low_rank=model.get("low_rank"), prune=model.get("prune"),
+                   teacher=model.get("teacher"),
                    sizes=network_config(model), members=tuple(model.get("members", ())),
                    training=training(config, system) if trained else None,
                    parallel=parallel(config, system) if trained else None)

@@ -39,6 +39,7 @@ from asrflow.data.perturb import copy_ids, perturbed_split
 from asrflow.gmm.alignments import alignment_index, read_alignments
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset
+from asrflow.nnet.distill import DistillObjective
 from asrflow.nnet.hybrid import pdf_priors, posterior_priors, spread_indices
 from asrflow.nnet.inference import load_network
 from asrflow.nnet.lowrank import factorised_init
@@ -203,6 +204,20 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
     return saved
 
 
+def distill_criterion(net: settings.Network, teacher_dir: Path | None, num_classes: int,
+                      input_dim: int) -> DistillObjective:
+    """The teacher–student objective of student ``net``, its teacher read from ``teacher_dir/final.pt``."""
+    path = Path(teacher_dir or "") / "final.pt"
+    if teacher_dir is None or not path.is_file():
+        raise NnetError(f"{net.name} learns from {net.teacher['network']} (nnet.models.{net.name}.teacher): --teacher "
+                        f"must be its trained network folder with final.pt (got {teacher_dir})")
+    teacher, header = load_network(path)
+    if (header["num_classes"], header["input_dim"]) != (num_classes, input_dim):
+        raise NnetError(f"{path}: the teacher has {header['input_dim']}-dimensional input and {header['num_classes']} "
+                        f"outputs, {net.name} {input_dim} and {num_classes}: retrain {net.teacher['network']}")
+    return DistillObjective(teacher, net.teacher["weight"], net.teacher["temperature"])
+
+
 def compressed_init(init: dict[str, Any], model: dict[str, Any], net: settings.Network,
                     log=print) -> tuple[dict[str, Any], dict[str, Any]]:
     """``init`` (the init network's ``final.pt``) made smaller by the network's ``low_rank`` or ``prune``, and
@@ -249,6 +264,10 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                         f"(see {out / 'report.tsv'})")
+    if net.teacher:
+        criterion = distill_criterion(net, paths.teacher, targets.num_classes, train_set[0][1].shape[1])
+        log(f"{system}: taught by {net.teacher['network']} (weight {net.teacher['weight']}, temperature "
+            f"{net.teacher['temperature']})")
     (out / "report.tsv").write_text("utterance\treason\n" + "".join(f"{u}\t{r}\n" for u, r in sorted(rejected.items())))
     alignments = net.alignments if net.objective == "hybrid" else None  # the GMM of the targets
     run.log_params({**{f"nnet.effective.{k}": v for k, v in opts.as_dict().items()},
@@ -256,7 +275,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
                     "nnet.effective.cmvn": net.cmvn, "nnet.effective.alignments": alignments or "none",
                     "nnet.effective.init": net.init or "none",
                     "nnet.effective.low_rank": " ".join(f"{k} {v}" for k, v in (net.low_rank or {}).items()) or "none",
-                    "nnet.effective.prune": str(net.prune["fraction"]) if net.prune else "none"})
+                    "nnet.effective.prune": str(net.prune["fraction"]) if net.prune else "none",
+                    "nnet.effective.teacher": net.teacher["network"] if net.teacher else "none"})
     # per-step metrics written off the training loop, every 25 steps and with each held-out evaluation
     log_metrics = BackgroundMetrics(run)
     try:
@@ -268,7 +288,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
                 "features": net.features, "cmvn": net.cmvn, "alignments": alignments, "init": net.init,
-                "low_rank": net.low_rank, "prune": net.prune,
+                "low_rank": net.low_rank, "prune": net.prune, "teacher": net.teacher,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:

@@ -73,6 +73,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
         objective += (f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else
                       f", {float(pruned):.0%} pruned from {init}, fine-tuned" if pruned != "none" else
                       f", fine-tuned from {init}")
+    if params.get("nnet.effective.teacher", "none") != "none":
+        objective += f", taught by {params['nnet.effective.teacher']}"
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
