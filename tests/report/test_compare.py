@@ -28,6 +28,7 @@ def test_rows_take_the_newest_run_and_format_the_table() -> None:
     tri, dnn = (dict(zip(header, line)) for line in body)
     assert dnn["WER test"] == "0.50" and dnn["WER LOSO mean"] == "15.00" and dnn["decode RTF"] == "0.0300"
     assert dnn["sizes"] == "hidden=512" and dnn["parameters"] == "12,345" and dnn["train frames/s"] == "50,000"
+    assert "model MB" not in header  # no network logged its size
     assert tri["model"] == "gmm-hmm (tri)" and tri["sizes"] == "leaves=300" and tri["WER LOSO mean"] == ""
     assert markdown(header, body).count("\n") == 4
     assert csv_text(header, body).splitlines()[2].split(",")[-1] == "12345"
@@ -47,11 +48,19 @@ def test_the_objective_names_the_training_data_and_augmentation() -> None:
         _run("nnet-f-train", 6, {}, {"nnet.models.f.type": "dnn", "nnet.effective.init": "d",
                                      "nnet.effective.mmi": "{'weight': 4.0, 'acoustic_scale': 0.1}"}),
         _run("nnet-g-train", 7, {}, {"nnet.models.g.type": "dnn", "nnet.effective.init": "none"}),
+        _run("nnet-h-train", 8, {}, {"nnet.models.h.type": "dnn", "nnet.effective.init": "g",
+                                     "nnet.effective.low_rank": "keep 0.3", "nnet.effective.prune": "none"}),
+        _run("nnet-i-train", 9, {}, {"nnet.models.i.type": "dnn", "nnet.effective.init": "g",
+                                     "nnet.effective.low_rank": "none", "nnet.effective.prune": "0.7"}),
+        _run("nnet-j-train", 10, {}, {"nnet.models.j.type": "dnn", "nnet.effective.teacher": "g"}),
     ]
-    header, body = table(system_rows(latest_by_stage(runs), ["a", "b", "c", "d", "e", "f", "g"], ["test"]), ["test"])
+    systems = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
+    header, body = table(system_rows(latest_by_stage(runs), systems, ["test"]), ["test"])
     objective = [dict(zip(header, line))["objective"] for line in body]
     assert objective == ["hybrid, speed-perturbed data", "hybrid", "hybrid", "hybrid, MMI (w=4)",
-                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid"]
+                         "hybrid, MMI (w=1, phone LM 2)", "hybrid, MMI (w=4), fine-tuned from d", "hybrid",
+                         "hybrid, SVD (keep 0.3) of g, fine-tuned", "hybrid, 70% pruned from g, fine-tuned",
+                         "hybrid, taught by g"]
 
 
 def test_networks_show_their_held_out_wer() -> None:
@@ -66,3 +75,11 @@ def test_networks_show_their_held_out_wer() -> None:
     tri, dnn = (dict(zip(header, line)) for line in body)
     assert dnn["held-out WER %"] == "2.00"
     assert tri["held-out WER %"] == ""
+
+
+def test_networks_show_their_size_on_disk() -> None:
+    runs = [_run("gmm-tri-train", 1, {"seconds": 2.0}),
+            _run("nnet-dnn-train", 2, {"model_bytes": 2_345_678}, {"nnet.models.dnn.type": "dnn"})]
+    header, body = table(system_rows(latest_by_stage(runs), ["tri", "dnn"], ["test"]), ["test"])
+    tri, dnn = (dict(zip(header, line)) for line in body)
+    assert (tri["model MB"], dnn["model MB"]) == ("", "2.35")

@@ -43,7 +43,8 @@ def cmd_nnet(args: argparse.Namespace) -> int:
                             if manifest.get("best_valid_frame_accuracy") is not None else {}),
                          # whole-run means; frames_per_second / data_wait_fraction are the per-step series
                          "mean_frames_per_second": manifest["frames_per_second"],
-                         "mean_data_wait_fraction": manifest["data_wait_fraction"]})
+                         "mean_data_wait_fraction": manifest["data_wait_fraction"],
+                         "model_bytes": (Path(args.out) / "final.pt").stat().st_size})
         out = Path(args.out)
         run.log_artifact(out / "manifest.json")
         run.log_artifact(out / "report.tsv")
@@ -64,8 +65,9 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     with stage_run(config, f"nnet-{args.system}-{args.train}", resolved_config=args.config[-1]) as run:
         run.set_tags({"asrflow.system": args.system, "asrflow.train_set": args.train, "asrflow.strategy": "ensemble"})
         manifest = assemble(config, args.system, args.members, args.out, log=_log)  # members: the config params
-        run.log_metrics({"parameters": manifest["parameters"], "seconds": manifest["seconds"]})
         out = Path(args.out)
+        run.log_metrics({"parameters": manifest["parameters"], "seconds": manifest["seconds"],
+                         "model_bytes": (out / "final.pt").stat().st_size})
         for name in ("manifest.json", "report.tsv", "final.pt"):
             run.log_artifact(out / name)
         if not config["nnet"]["decode"]["tune"]["enabled"]:  # else the tune stage logs it, with its settings

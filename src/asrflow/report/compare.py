@@ -3,7 +3,7 @@
 One row per system: the settings that differ between systems, WER and SER on each test
 set (and the mean over leave-one-speaker-out folds when there are any), training time and
 throughput on the first test set's training split, mean decoding RTF and parameter count; for
-networks, the WER of the tune stage on their held-out utterances. The model,
+networks, the size of ``final.pt`` on disk and the WER of the tune stage on their held-out utterances. The model,
 objective and size settings come from the training run's params, so two experiments that
 differ only in a network's width show it in the table.
 """
@@ -39,6 +39,7 @@ class SystemRow:
     rtf: list[float] = field(default_factory=list)
     train_seconds: float | None = None
     parameters: float | None = None
+    model_bytes: float | None = None  # final.pt on disk (networks)
     frames_per_second: float | None = None  # training throughput (networks)
     frame_accuracy: float | None = None  # best held-out frame accuracy (hybrid networks)
     held_out_wer: float | None = None  # the tune stage's: its held-out utterances, with the chosen setting
@@ -134,6 +135,7 @@ def system_rows(latest: dict[str, RunRecord], systems: list[str], tests: list[st
         if training:
             row.train_seconds = training.metrics.get("seconds")
             row.parameters = training.metrics.get("parameters")
+            row.model_bytes = training.metrics.get("model_bytes")
             row.frames_per_second = training.metrics.get("mean_frames_per_second")
             row.run_id = training.run_id
             row.frame_accuracy = training.metrics.get("best_valid_frame_accuracy")
@@ -164,7 +166,9 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
     header = ["system", *settings, *[f"WER {t}" for t in tests]]
     if len(loso) > 1:
         header.append("WER LOSO mean")
+    sized = any(r.model_bytes is not None for r in rows)
     header += [f"SER {t}" for t in tests] + ["train s", "train frames/s", "decode RTF", "parameters"]
+    header += ["model MB"] if sized else []
     header += (["held-out frame acc %"] if accuracy else []) + [TUNED_COLUMNS[k] for k in tuned] + [
         "bytes/step" if k == "bytes_per_step" else f"{k.replace('t_', 'T_')} ms" for k in parallel]
     body = []
@@ -179,6 +183,8 @@ def table(rows: list[SystemRow], tests: list[str]) -> tuple[list[str], list[list
         line.append(f"{r.frames_per_second:,.0f}" if r.frames_per_second is not None else "")
         line.append(f"{sum(r.rtf) / len(r.rtf):.4f}" if r.rtf else "")
         line.append(f"{int(r.parameters):,}" if r.parameters is not None else "")
+        if sized:
+            line.append(f"{r.model_bytes / 1e6:.2f}" if r.model_bytes is not None else "")
         if accuracy:
             line.append(f"{100 * r.frame_accuracy:.2f}" if r.frame_accuracy is not None else "")
         line += [f"{100 * getattr(r, k):.2f}" if getattr(r, k) is not None else "" for k in tuned]
