@@ -14,7 +14,8 @@ from tests.snakemake_run import YESNO, jobs_planned, snakemake
 
 # trained: dnn_sp on speed-perturbed copies, dnn_fmllr on fMLLR speaker-adapted features, dnn_ft fine-tuned from the
 # dnn with MMI against the decoding graph, dnn_mmi_phone the same against a phone LM
-NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_ft", "dnn_mmi_phone", "lstm", "cnn", "ctc", "ctc_phone")
+NETWORKS = ("dnn", "dnn_sp", "dnn_fmllr", "dnn_ft", "dnn_mmi_phone", "dnn_svd", "dnn_student", "lstm", "cnn", "ctc",
+            "ctc_phone")
 ENSEMBLE = "ens"  # config/experiments/yesno.yaml: dnn, lstm and cnn combined
 
 pytestmark = [pytest.mark.workflow, pytest.mark.xdist_group("workflow")]
@@ -180,7 +181,7 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         errors[system] = summary["errors"]
         assert summary["n_ref_words"] == 232 and 0 < summary["rtf"] < 0.05, (system, summary)
         manifest = json.loads((res / "nnet" / "train" / system / "manifest.json").read_text())
-        learners = 2 if system in ("dnn", "dnn_ft", "dnn_mmi_phone") else 1  # yesno.yaml: ring learners
+        learners = 2 if system in ("dnn", "dnn_ft", "dnn_mmi_phone", "dnn_svd") else 1  # yesno.yaml: ring learners
         assert manifest["world_size"] == learners and manifest["frames_per_second"] > 0 and manifest["rejected"] == 0
         saved = torch.load(res / "nnet" / "train" / system / "final.pt", weights_only=True)
         assert saved["objective"] == ("ctc" if system.startswith("ctc") else "hybrid")
@@ -219,6 +220,13 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
     assert "| dnn_fmllr | dnn | hybrid, fMLLR features |" in table
     assert "| dnn_ft | dnn | hybrid, MMI (w=1), fine-tuned from dnn |" in table
     assert "| dnn_mmi_phone | dnn | hybrid, MMI (w=1, phone LM 3), fine-tuned from dnn |" in table
+    assert "| dnn_svd | dnn | hybrid, SVD (keep 0.5) of dnn, fine-tuned |" in table
+    assert "| dnn_student | dnn | hybrid, taught by ens |" in table
+    svd, dnn = (json.loads((res / "nnet" / "train" / s / "manifest.json").read_text()) for s in ("dnn_svd", "dnn"))
+    assert svd["low_rank"] == {"keep": 0.5} and svd["parameters"] < 0.6 * dnn["parameters"]
+    log = (res / "logs" / "nnet.train.dnn_svd.log").read_text()  # fine-tuning starts from the truncated dnn
+    assert "3 layers of dnn factorised by SVD" in log
+    assert svd["best_valid_loss"] <= float(re.search(r"initial weights: held-out loss ([0-9.]+)", log).group(1))
     for system, denominator in (("dnn_ft", "graph"), ("dnn_mmi_phone", "phone_lm")):  # the tri HCLG, a phone LM
         tuned = (res / "logs" / f"nnet.train.{system}.log").read_text()  # it starts where the dnn ended
         assert f"MMI denominator ({denominator})" in tuned
