@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asrflow.nnet.models import build_model, parameter_count
-from asrflow.nnet.prune import pruned_init, pruned_state
+from asrflow.nnet.prune import packed, pruned_init, pruned_state, unpacked
 
 from .helpers import synthetic_split
 
@@ -90,3 +90,14 @@ def test_fine_tuning_keeps_the_pruned_weights_at_zero(tmp_path: Path) -> None:
         mask = init["model"][f"{name}.weight_mask"]
         assert torch.equal(layer.weight_mask, mask) and torch.all(layer.weight[mask == 0] == 0)
         assert not torch.equal(layer.weight_orig[mask == 1], init["model"][f"{name}.weight_orig"][mask == 1])
+    # stored packed (the kept weights and a bit per weight), it loads back to the same network, in under half the bytes
+    saved = torch.load(tmp_path / "small" / "final.pt", weights_only=True)
+    compact = {**saved, "model": packed(saved["model"], layers)}
+    torch.save(compact, tmp_path / "packed.pt")
+    assert (tmp_path / "packed.pt").stat().st_size < 0.5 * (tmp_path / "small" / "final.pt").stat().st_size
+    again, _ = load_network(tmp_path / "packed.pt")
+    x, lengths = torch.randn(2, 30, 40), torch.tensor([30, 24])
+    torch.testing.assert_close(again(x, lengths)[0], model(x, lengths)[0])
+    restored = unpacked(compact["model"], layers)
+    assert restored.keys() == saved["model"].keys()
+    assert all(torch.equal(restored[k], v) for k, v in saved["model"].items())

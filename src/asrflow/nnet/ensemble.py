@@ -23,11 +23,13 @@ import torch
 from asrflow.config.sizes import network_config
 from asrflow.nnet import NnetError
 from asrflow.nnet.models import build_model, parameter_count
+from asrflow.nnet.prune import unpacked
 from asrflow.nnet.train import atomic_save
 
 
 def load_member(net_dir: Path) -> dict[str, Any]:
-    """A member's ``final.pt`` (``weights_only``), checked to be a hybrid network with priors."""
+    """A member's ``final.pt`` (``weights_only``; a pruned member's layers unpacked), checked to be a hybrid
+    network with priors."""
     path = net_dir / "final.pt"
     if not path.is_file():
         raise NnetError(f"ensemble member {net_dir}: no final.pt (train it first)")
@@ -35,7 +37,7 @@ def load_member(net_dir: Path) -> dict[str, Any]:
     if saved.get("objective") != "hybrid" or "priors" not in saved:
         raise NnetError(f"ensemble member {path}: a {saved.get('objective')} network; ensembles combine hybrid "
                         f"networks (tied-state posteriors and their priors)")
-    return saved
+    return {**saved, "model": unpacked(saved["model"], saved["config"].get("pruned", []))}
 
 
 def combined_checkpoint(members: list[dict[str, Any]], names: list[str], combine: str

@@ -9,15 +9,17 @@ import numpy as np
 import torch
 
 from asrflow.nnet.models import build_model
+from asrflow.nnet.prune import unpacked
 
 _NETS: dict[tuple, tuple[torch.nn.Module, dict]] = {}
 
 
 def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
-    """A trained network and its header from ``final.pt`` (``weights_only`` load), in eval mode."""
+    """A trained network and its header from ``final.pt`` (``weights_only`` load; a pruned network's packed
+    layers as stored), in eval mode."""
     saved = torch.load(path, weights_only=True, map_location="cpu")
     model = build_model(saved["config"], saved["input_dim"], saved["num_classes"])
-    model.load_state_dict(saved["model"])
+    model.load_state_dict(unpacked(saved["model"], saved["config"].get("pruned", [])))
     return model.eval(), saved
 
 

@@ -45,7 +45,7 @@ from asrflow.nnet.inference import load_network
 from asrflow.nnet.lowrank import factorised_init
 from asrflow.nnet.mmi import MmiObjective, denominator_from_fst, load_denominator_graph
 from asrflow.nnet.models import build_model, parameter_count
-from asrflow.nnet.prune import pruned_init
+from asrflow.nnet.prune import packed, pruned_init
 from asrflow.nnet.train import atomic_save, train
 from asrflow.nnet.units import PhoneUnits, Units
 from asrflow.tracking import BackgroundMetrics
@@ -292,6 +292,9 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:
+        if "pruned" in model:  # the kept weights and a bit per weight, not two dense matrices
+            saved = torch.load(out / "final.pt", weights_only=True)
+            atomic_save({**saved, "model": packed(saved["model"], model["pruned"])}, out / "final.pt")
         if net.objective == "hybrid" and net.priors == "posteriors":
             manifest["priors"] = adjust_priors(out, train_set, targets, net.prior_frames, log=log)
         write_outputs(out, net.objective, targets, manifest)
