@@ -47,6 +47,15 @@ def factorisable(model: nn.Module) -> dict[str, nn.Linear | nn.Conv1d]:
             if type(module) in (nn.Linear, nn.Conv1d) and getattr(module, "groups", 1) == 1}
 
 
+def named_layers(model: nn.Module, names) -> dict[str, nn.Linear | nn.Conv1d]:
+    """The factorisable layers of ``model`` with these names; an unknown or unfactorisable name is a ValueError."""
+    layers = factorisable(model)
+    unknown = sorted(set(names) - set(layers))
+    if unknown:
+        raise ValueError(f"no linear layer or 1-D convolution named {', '.join(unknown)} in this network")
+    return {name: layers[name] for name in names}
+
+
 def _matrix(weight: torch.Tensor) -> torch.Tensor:
     """A layer's weight as an out × in matrix (a convolution's kernel taps side by side)."""
     return weight.detach().float().reshape(weight.shape[0], -1)
@@ -83,10 +92,7 @@ def choose_ranks(model: nn.Module, state: dict[str, torch.Tensor], *, energy: fl
 def factorise(model: nn.Module, ranks: dict[str, int]) -> nn.Module:
     """``model`` with each layer named in ``ranks`` replaced, in place, by an (untrained) :class:`LowRank`
     of that rank; an unknown or unfactorisable name is a ValueError."""
-    layers = factorisable(model)
-    unknown = sorted(set(ranks) - set(layers))
-    if unknown:
-        raise ValueError(f"no linear layer or 1-D convolution named {', '.join(unknown)} in this network")
+    layers = named_layers(model, ranks)
     for name, rank in ranks.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

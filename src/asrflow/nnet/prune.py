@@ -17,18 +17,14 @@ import torch
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
-from asrflow.nnet.lowrank import factorisable
+from asrflow.nnet.lowrank import factorisable, named_layers
 
 
 def masked(model: nn.Module, layers: list[str]) -> nn.Module:
     """``model`` with each named layer's weight held as ``weight_orig × weight_mask`` (the mask all ones
     until weights are loaded into it); an unknown or unprunable name is a ValueError."""
-    modules = factorisable(model)
-    unknown = sorted(set(layers) - set(modules))
-    if unknown:
-        raise ValueError(f"no linear layer or 1-D convolution named {', '.join(unknown)} in this network")
-    for name in layers:
-        torch_prune.identity(modules[name], "weight")
+    for module in named_layers(model, layers).values():
+        torch_prune.identity(module, "weight")
     return model
 
 
