@@ -224,6 +224,7 @@ def _check_systems(config: dict[str, Any]) -> None:
         _check_examples(config, name)
         _check_init(config, name)
         _check_teacher(config, name)
+        _check_frames(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):
@@ -345,6 +346,33 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
 
 
+SKIPPING = ("dnn", "cnn")  # networks that can run every k-th frame (frame_skip, multi_frame)
+
+
+def _check_frames(config: Mapping[str, Any], name: str) -> None:
+    """Frame skipping and multi-frame outputs need feed-forward networks (DNN, CNN; an ensemble's members too),
+    never both at once; ``train.epochs`` 0 (a decoding variant) needs ``init``."""
+    models = config["nnet"]["models"]
+    model = models[name]
+    skip = {**config["nnet"]["decode"], **model.get("decode", {})}["frame_skip"]
+    heads = network_config(model).get("multi_frame", 1)
+    if heads > 1 and (model["type"] not in SKIPPING or model["objective"] != "hybrid"):
+        raise ConfigError(f"config key 'nnet.models.{name}.multi_frame': multi-frame outputs are for dnn and cnn "
+                          f"hybrids, not a {model['type']} {model['objective']} network")
+    if skip > 1:
+        nets = [models[m] for m in model.get("members", [])] if model["type"] == "ensemble" else [model]
+        for net in nets:
+            if net["type"] not in SKIPPING:
+                raise ConfigError(f"{name}: frame_skip {skip} needs dnn or cnn networks; a {net['type']} computes "
+                                  f"every frame from the whole utterance")
+            if network_config(net).get("multi_frame", 1) > 1:
+                raise ConfigError(f"{name}: frame_skip {skip} with a multi-frame network (it already runs every "
+                                  f"k-th frame); set frame_skip 1 for it")
+    if model["type"] != "ensemble" and model_train(config, name)["epochs"] == 0 and "init" not in model:
+        raise ConfigError(f"config key 'nnet.models.{name}.train.epochs': 0 epochs needs init (the trained network "
+                          f"it stands for)")
+
+
 def _check_teacher(config: Mapping[str, Any], name: str) -> None:
     """A student (``teacher``) is a hybrid trained on whole utterances without MMI, and its teacher a trained
     hybrid or ensemble over the same features and alignments that does not itself depend on the student."""
@@ -437,8 +465,11 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
     if any(k in other for k in COMPRESSIONS):
         raise ConfigError(f"{key}: {source!r} is compressed ({', '.join(k for k in COMPRESSIONS if k in other)}); "
                           f"init names a network of whole layers")
+    shape = network_config(other)
+    if shape.get("multi_frame") == 1:  # a one-head network: a multi-frame one starts with every head its output layer
+        shape["multi_frame"] = network_config(model).get("multi_frame", 1)
     differences = [what for what, mine, theirs in (
-        ("type and sizes", network_config(model), network_config(other)),
+        ("type and sizes", network_config(model), shape),
         ("objective", model["objective"], other["objective"]),
         ("units", (model["units"], model["vocab_size"]) if model["objective"] == "ctc" else None,
          (other["units"], other["vocab_size"]) if other["objective"] == "ctc" else None),

@@ -250,6 +250,8 @@ class Decoding(Settings):
     prune: float
     vocabulary: str
     shard_utts: int
+    frame_skip: int
+    batch_frames: int
     tune: Tuning
 
     @classmethod
@@ -307,9 +309,10 @@ def parallel(config: dict[str, Any], system: str) -> Parallel:
     return Parallel.from_dict({**config["nnet"]["parallel"], **config["nnet"]["models"][system].get("parallel", {})})
 
 
-def decoding(config: dict[str, Any]) -> Decoding:
-    """The networks' decoding settings."""
-    return Decoding.from_dict(config["nnet"]["decode"])
+def decoding(config: dict[str, Any], system: str | None = None) -> Decoding:
+    """The networks' decoding settings (``nnet.decode``), with network ``system``'s own ``decode`` overrides."""
+    own = config["nnet"]["models"][system].get("decode", {}) if system is not None else {}
+    return Decoding.from_dict({**config["nnet"]["decode"], **own})
 
 
 def network(config: dict[str, Any], system: str) -> Network:

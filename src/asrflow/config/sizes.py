@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 SIZES: dict[str, dict[str, Any]] = {
-    "dnn": {"hidden": 512, "layers": 4, "context": 5, "dropout": 0.1},
+    "dnn": {"hidden": 512, "layers": 4, "context": 5, "multi_frame": 1, "dropout": 0.1},
     "lstm": {"hidden": 320, "layers": 3, "bidirectional": True, "projection": 0, "dropout": 0.1},
     "cnn": {"channels": [32, 32], "tdnn_dim": 384, "tdnn_dilations": [1, 2, 3, 3], "subsampling": 1,
-            "norm": "batch", "dropout": 0.1},
+            "norm": "batch", "multi_frame": 1, "dropout": 0.1},
     "conformer": {"dim": 144, "layers": 4, "heads": 4, "ffn_dim": 576, "kernel": 15, "channels": [64, 64],
                   "subsampling": 1, "norm": "batch", "dropout": 0.1},
     "ensemble": {"members": [], "combine": "log_linear"},
@@ -35,7 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
 NON_SIZE_KEYS = ("type", "preset", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments",
-                 "cmvn", "init", "low_rank", "prune", "teacher")
+                 "cmvn", "init", "low_rank", "prune", "teacher", "decode")
 
 
 def expand_preset(config: dict[str, Any]) -> dict[str, Any]:

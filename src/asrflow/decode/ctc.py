@@ -26,7 +26,7 @@ from asrflow.config.settings import Decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
 from asrflow.gmm.estep import Shard, features
 from asrflow.lang.lm import BOS, EOS, UNK, ArpaLM
-from asrflow.nnet.inference import batch_log_posteriors, cached_network
+from asrflow.nnet.inference import Scoring
 from asrflow.nnet.units import Units
 
 NEG_INF = float("-inf")
@@ -91,7 +91,7 @@ def graph_options(nnet_decode: Decoding, graph_decode: dict) -> DecodeOptions:
                          insertion_penalty=nnet_decode.tlg_insertion_penalty)
 
 
-def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str,
+def decode_shard_graph_settings(shard: Shard, scoring: Scoring, graph_path: str,
                                 settings: list[DecodeOptions]) -> list[DecodeResult]:
     """Words of each utterance of a shard with a CTC network through TLG, once per setting (on a Dask worker).
 
@@ -99,10 +99,10 @@ def decode_shard_graph_settings(shard: Shard, network_path: str, graph_path: str
     as TLG's input labels are numbered. One forward pass serves every setting
     (:func:`asrflow.decode.decoder.decode_settings`).
     """
-    network, _ = cached_network(network_path)
+    scoring.load()
     start = time.perf_counter()
     feats = features(shard)
-    posteriors = batch_log_posteriors(network, feats)
+    posteriors = scoring.log_posteriors(feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
                            graph_path, None, settings, scaled_posteriors)
 
@@ -203,19 +203,19 @@ def prefix_beam_search(log_probs: np.ndarray, pieces: list[str], word_start: np.
     return [x for x in w.history if x != BOS] + ([w.partial] if w.partial and finished else [])
 
 
-def decode_shard_settings(shard: Shard, network_path: str, lm_path: str | None,
+def decode_shard_settings(shard: Shard, scoring: Scoring, lm_path: str | None,
                           settings: list[SearchOptions]) -> list[DecodeResult]:
     """Words of each utterance of a shard with a CTC network, once per search setting (runs on a Dask worker).
 
     One forward pass (padded batches) serves every setting; each result's time covers it and
     that setting's search.
     """
-    network, header = cached_network(network_path)
+    _, header = scoring.load()
     units = Units(header["units"].numpy().tobytes())
     lm = _lm(lm_path)
     start = time.perf_counter()
     feats = features(shard)
-    posteriors = batch_log_posteriors(network, feats)
+    posteriors = scoring.log_posteriors(feats)
     forward = time.perf_counter() - start
     frames = sum(x.shape[0] for x in feats)
     results = []

@@ -130,9 +130,10 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
 
     from asrflow.decode import ctc
     from asrflow.nnet import NnetError, hybrid
+    from asrflow.nnet.inference import Scoring
 
-    dcfg = decoding(config)
-    network = str(Path(net_dir).resolve() / "final.pt")
+    dcfg = decoding(config, system)
+    network = Scoring(str(Path(net_dir).resolve() / "final.pt"), dcfg.frame_skip, dcfg.batch_frames)
     units = [len(s.utts) for s in shards]
     if config["nnet"]["models"][system]["objective"] == "hybrid":
         if gmm_dir is None or graph_dir is None:

@@ -18,7 +18,7 @@ from asrflow.config.settings import Decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings, transition_columns
 from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
-from asrflow.nnet.inference import batch_log_posteriors, cached_network
+from asrflow.nnet.inference import Scoring, batch_log_posteriors
 
 
 def decode_options(nnet_decode: Decoding, graph_decode: dict) -> DecodeOptions:
@@ -74,18 +74,18 @@ def transition_loglikes(log_post: np.ndarray, log_prior: np.ndarray, tid2pdf: np
     return transition_columns(log_post - log_prior[None, :], tid2pdf, acoustic_scale)
 
 
-def decode_shard_settings(shard: Shard, network_path: str, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
+def decode_shard_settings(shard: Shard, scoring: Scoring, priors: np.ndarray, gmm_blob: bytes, graph_path: str,
                           settings: list[DecodeOptions]) -> list[DecodeResult]:
     """1-best words of a shard with the hybrid model, once per decoder setting (runs on a Dask worker).
 
     One forward pass (padded batches) serves every setting, and each RTF includes it
     (:func:`asrflow.decode.decoder.decode_settings`).
     """
-    network, _ = cached_network(network_path)
+    scoring.load()
     gmm = GmmModel.from_bytes(gmm_blob)
     start = time.perf_counter()
     feats = features(shard)
-    posteriors = batch_log_posteriors(network, feats)
+    posteriors = scoring.log_posteriors(feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
                            graph_path, gmm.tm, settings,
                            lambda p, opts: transition_loglikes(p, priors, gmm.tid2pdf, opts.acoustic_scale))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from asrflow.nnet.frames import frame_skipping
 from asrflow.nnet.models import build_model
 from asrflow.nnet.prune import unpacked
 
@@ -23,17 +25,37 @@ def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), saved
 
 
-def cached_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
-    """:func:`load_network`, cached by path and modification time (Dask workers reuse it).
+def cached_network(path: str | Path, frame_skip: int = 1) -> tuple[torch.nn.Module, dict]:
+    """:func:`load_network`, cached by path, modification time and frame skipping (Dask workers reuse it);
+    with ``frame_skip`` k > 1 set to compute every k-th frame (:func:`~asrflow.nnet.frames.frame_skipping`).
 
     Decoding tasks run one per core, so torch gets one thread here: letting every worker
     start as many threads as there are cores made LSTM decoding 25× slower on 2 cores.
     """
     torch.set_num_threads(1)
-    key = (str(path), os.stat(path).st_mtime_ns)
+    key = (str(path), os.stat(path).st_mtime_ns, frame_skip)
     if key not in _NETS:
-        _NETS[key] = load_network(path)
+        model, saved = load_network(path)
+        _NETS[key] = (frame_skipping(model, frame_skip) if frame_skip > 1 else model), saved
     return _NETS[key]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a decoding worker runs a trained network: its ``final.pt``, frame skipping (``nnet.decode.frame_skip``)
+    and padded frames per forward pass (``nnet.decode.batch_frames``)."""
+
+    network: str
+    frame_skip: int = 1
+    batch_frames: int = 20000
+
+    def load(self) -> tuple[torch.nn.Module, dict]:
+        """The network (cached per worker) and its ``final.pt`` header."""
+        return cached_network(self.network, self.frame_skip)
+
+    def log_posteriors(self, feats: list[np.ndarray]) -> list[np.ndarray]:
+        """Per-frame log posteriors of each utterance (:func:`batch_log_posteriors`)."""
+        return batch_log_posteriors(self.load()[0], feats, self.batch_frames)
 
 
 def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:

@@ -35,7 +35,6 @@ class LowRank(nn.Module):
                                    padding_mode=layer.padding_mode)
             self.second = nn.Conv1d(rank, layer.out_channels, 1, bias=layer.bias is not None)
         self.rank = rank
-        self.dilation = getattr(layer, "dilation", (1,))  # what frame_context reads from a TDNN layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.second(self.first(x))

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from asrflow.config.sizes import network_config
-from asrflow.nnet.lowrank import factorise
+from asrflow.nnet.frames import anchor_lengths, at_anchors, decimation_layer, full_rate, redilate, training_phase
+from asrflow.nnet.lowrank import LowRank, factorise
 from asrflow.nnet.prune import masked
 
 
@@ -39,22 +40,30 @@ def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -
 
 
 class DNN(nn.Module):
-    """MLP over spliced frames (the classic hybrid DNN)."""
+    """MLP over spliced frames (the classic hybrid DNN); with ``multi_frame`` k, evaluated every k-th frame with k
+    output heads (:mod:`asrflow.nnet.frames`)."""
 
     def __init__(self, input_dim: int, output_dim: int, *, hidden: int, layers: int, context: int,
-                 dropout: float) -> None:
+                 multi_frame: int, dropout: float) -> None:
         super().__init__()
         self.context = context
+        self.every = self.heads = multi_frame
         blocks: list[nn.Module] = []
         size = input_dim * (2 * context + 1)
         for _ in range(layers):
             blocks += [nn.Linear(size, hidden), nn.ReLU(), nn.LayerNorm(hidden), nn.Dropout(dropout)]
             size = hidden
         self.body = nn.Sequential(*blocks)
-        self.output = nn.Linear(size, output_dim)
+        self.output = nn.Linear(size, output_dim * multi_frame)
+
+    def skip_frames(self, every: int) -> None:
+        """Evaluate every ``every``-th frame and copy its scores to the frames it skips (a one-head network)."""
+        self.every = every
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.output(self.body(splice(x, self.context, lengths))), lengths
+        spliced, start = at_anchors(splice(x, self.context, lengths), self.every,
+                                    training_phase(self.every, self.training), dim=1)
+        return full_rate(self.output(self.body(spliced)), self.every, self.heads, start, x.shape[1]), lengths
 
 
 class LSTM(nn.Module):
@@ -87,7 +96,9 @@ def hold_last(y: torch.Tensor, lengths: torch.Tensor, dim: int) -> torch.Tensor:
 
 class CNN(nn.Module):
     """2-D convolutional front end over (time, frequency), then TDNN (dilated 1-D convolution) layers;
-    with no ``channels``, a plain TDNN on the features.
+    with no ``channels``, a plain TDNN on the features. With ``multi_frame`` k the top TDNN layers (those
+    whose dilations are multiples of k) and the k-head output layer run every k-th frame
+    (:mod:`asrflow.nnet.frames`).
 
     Convolutions pad by repeating edge frames, like the DNN's splicing: zero padding would
     look like an average (speech-like) frame after CMVN and invite word insertions at the
@@ -96,11 +107,13 @@ class CNN(nn.Module):
     """
 
     def __init__(self, input_dim: int, output_dim: int, *, channels: tuple[int, ...], tdnn_dim: int,
-                 tdnn_dilations: tuple[int, ...], subsampling: int, norm: str, dropout: float) -> None:
+                 tdnn_dilations: tuple[int, ...], subsampling: int, norm: str, multi_frame: int,
+                 dropout: float) -> None:
         super().__init__()
         if not channels and subsampling != 1:
             raise ValueError("subsampling needs a convolution to stride: channels is empty (a plain TDNN)")
         self.strides = (subsampling,) + (1,) * (len(channels) - 1)
+        self.dilations = tdnn_dilations
         self.conv, size = conv_front_end(input_dim, channels, self.strides, norm)
         self.tdnn = nn.ModuleList()
         for d in tdnn_dilations:
@@ -108,14 +121,29 @@ class CNN(nn.Module):
                 nn.Conv1d(size, tdnn_dim, kernel_size=3, dilation=d, padding=d, padding_mode="replicate"),
                 nn.ReLU(), normalisation(norm, tdnn_dim), nn.Dropout(dropout)))
             size = tdnn_dim
-        self.output = nn.Linear(size, output_dim)
+        self.output = nn.Linear(size, output_dim * multi_frame)
+        self.heads = multi_frame
+        self.skip_frames(multi_frame)
+
+    def skip_frames(self, every: int) -> None:
+        """Run the layers from :func:`~asrflow.nnet.frames.decimation_layer` up every ``every``-th frame (their
+        dilations divided by it); a one-head network's scores are copied to the frames it skips."""
+        self.every, self.split = every, decimation_layer(self.dilations, every)
+        for index, (d, block) in enumerate(zip(self.dilations, self.tdnn)):
+            conv = block[0].first if isinstance(block[0], LowRank) else block[0]
+            redilate(conv, d // every if index >= self.split else d)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y, out_lengths = run_front_end(self.conv, self.strides, x, lengths)
-        y = y.transpose(1, 2)  # (B, C·F, T')
-        for block in self.tdnn:
+        y, frames = y.transpose(1, 2), y.shape[1]  # (B, C·F, T')
+        for block in self.tdnn[: self.split]:
             y = hold_last(block(y), out_lengths, dim=2)
-        return self.output(y.transpose(1, 2)), out_lengths
+        y, start = at_anchors(y, self.every, training_phase(self.every, self.training), dim=2)
+        valid = anchor_lengths(out_lengths, self.every, start) if self.every > 1 else out_lengths
+        y = hold_last(y, valid, dim=2) if self.every > 1 else y  # padding anchors repeat the last one, as alone
+        for block in self.tdnn[self.split:]:
+            y = hold_last(block(y), valid, dim=2)
+        return full_rate(self.output(y.transpose(1, 2)), self.every, self.heads, start, frames), out_lengths
 
 
 NORMS = ("batch", "layer")
@@ -329,11 +357,14 @@ def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.M
 def frame_context(model: nn.Module) -> int | None:
     """Frames either side of an output frame that it depends on: a DNN's splicing, a CNN-TDNN's receptive field
     (one frame per time convolution of the front end, the dilation of every TDNN layer). None for a network
-    whose outputs depend on the whole utterance (recurrent, attention, an ensemble) or that subsamples."""
+    whose outputs depend on the whole utterance (recurrent, attention, an ensemble), that subsamples or that
+    runs every k-th frame."""
+    if getattr(model, "every", 1) != 1:
+        return None
     if isinstance(model, DNN):
         return model.context
     if isinstance(model, CNN) and all(stride == 1 for stride in model.strides):
-        return len(model.conv) + sum(int(block[0].dilation[0]) for block in model.tdnn)
+        return len(model.conv) + sum(model.dilations)
     return None
 
 

@@ -40,6 +40,7 @@ from asrflow.gmm.alignments import alignment_index, read_alignments
 from asrflow.nnet import NnetError
 from asrflow.nnet.data import FeatureDataset
 from asrflow.nnet.distill import DistillObjective
+from asrflow.nnet.frames import multi_frame_init
 from asrflow.nnet.hybrid import pdf_priors, posterior_priors, spread_indices
 from asrflow.nnet.inference import load_network
 from asrflow.nnet.lowrank import factorised_init
@@ -198,6 +199,11 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
                         f"{source}'s trained network folder with final.pt (got {init_dir})")
     saved = torch.load(path, weights_only=True)
     mine, theirs = network_config(config["nnet"]["models"][system]), network_config(saved["config"])
+    heads = mine.get("multi_frame", 1)
+    if theirs.get("multi_frame", 1) == 1 and heads > 1:  # a one-head network: every head starts as its output layer
+        saved = {**saved, "model": multi_frame_init(saved["model"], heads),
+                 "config": {**saved["config"], "multi_frame": heads}}
+        theirs = network_config(saved["config"])
     if mine != theirs or saved["objective"] != config["nnet"]["models"][system]["objective"]:
         raise NnetError(f"{path} is a {saved['objective']} {theirs} network, not the shape of {system} "
                         f"({config['nnet']['models'][system]['objective']} {mine}): retrain {source}")
