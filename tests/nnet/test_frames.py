@@ -156,3 +156,23 @@ def test_decoding_loads_a_network_with_frame_skipping(tmp_path) -> None:
             want = torch.log_softmax(skipping(torch.from_numpy(x)[None], torch.tensor([len(x)]))[0][0], -1)
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=1e-4)
         assert got.shape == full.shape and not torch.allclose(torch.from_numpy(got), torch.from_numpy(full))
+
+
+def test_a_decoding_variant_trains_no_epoch_and_keeps_its_init_weights(tmp_path) -> None:
+    """``train.epochs`` 0 with ``init``: final.pt is the init network as it is (a variant decoded differently)."""
+    from asrflow.config.settings import Training
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.train import train
+
+    from .helpers import synthetic_split
+
+    labels = synthetic_split(tmp_path, utterances=12)
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
+    config = {"type": "dnn", "hidden": 16, "layers": 1, "context": 1, "dropout": 0.0}
+    opts = Training.defaults(epochs=1, max_frames=500, lr=1e-2, warmup_steps=2, patience=5, seed=1)
+    train(config, opts, data, data, 4, tmp_path / "trained", log=lambda line: None)
+    trained = torch.load(tmp_path / "trained" / "final.pt", weights_only=True)
+    summary = train(config, Training.defaults(**{**vars(opts), "epochs": 0}), data, data, 4, tmp_path / "variant",
+                    log=lambda line: None, init=trained)
+    variant = torch.load(tmp_path / "variant" / "final.pt", weights_only=True)
+    assert summary["steps"] == 0 and all(torch.equal(variant["model"][k], v) for k, v in trained["model"].items())
