@@ -156,6 +156,24 @@ def test_the_phone_lm_denominator_holds_every_training_alignment(yesno_run: Path
         assert mmi_of_peaked(aligned[::-1]) < -1000, utt
 
 
+def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatch) -> None:
+    """``asrflow bench networks`` decodes as the decode stage does (every utterance: the same WER), with the
+    forward pass and the search timed apart, and counts the classes the search reads per frame."""
+    from asrflow.config import load_config
+    from asrflow.decode.bench import network_benchmark
+    from asrflow.workflow import nnet_decode_inputs
+
+    monkeypatch.chdir(yesno_run)
+    config = load_config(str(yesno_run / "results" / "yesno" / "config.yaml"))
+    for system in ("dnn", "ctc_phone"):  # an HCLG and a TLG search
+        row = network_benchmark(config, system, nnet_decode_inputs(config, "test", system), "test", 1, counted=2,
+                                log=lambda line: None)
+        scored = json.loads((yesno_run / "results" / "yesno" / "score" / system / "test.json").read_text())
+        assert row["wer"] == pytest.approx(scored["wer"], abs=1e-4), system
+        assert row["rtf"] == pytest.approx(row["rtf_forward"] + row["rtf_search"], abs=2e-4)
+        assert 0 < row["classes_read_per_frame"] <= 1 and row["threads"] == 1
+
+
 def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
     overlay = tmp_path / "typo.yaml"
     overlay.write_text("features:\n  mfcc:\n    num_cep: 12\n")

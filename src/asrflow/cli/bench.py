@@ -1,4 +1,4 @@
-"""``asrflow bench features|gmm|decode|scale|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
+"""``asrflow bench features|gmm|decode|networks|scale|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,17 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     searches = [(float(b), int(m)) for b, m in (pair.split(":") for pair in args.searches.split(","))]
     rows = decode_benchmark(config, args.model, args.graph, args.data, args.features, args.lang, args.test, args.every,
                             searches, [float(s) for s in args.scales.split(",")], args.adapted, log=_log)
+    return json_lines(rows, args.out)
+
+
+def cmd_bench_networks(args: argparse.Namespace) -> int:
+    """Time trained networks' decoding on one core (forward pass and search apart); one JSON line per network."""
+    from asrflow.decode.bench import network_benchmark
+    from asrflow.workflow import nnet_decode_inputs
+
+    config = _load(args)
+    rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
+                              counted=args.count, log=_log) for system in args.systems]
     return json_lines(rows, args.out)
 
 
@@ -158,6 +169,16 @@ def register(sub: Any) -> Any:
     p.add_argument("--adapted", action="store_true", help="--features holds fMLLR-adapted features (<gmm>_fmllr)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_decode)
+
+    p = with_config(bench.add_parser("networks", help="trained networks' decoding on one core: forward pass and search "
+                                     "timed apart, size, WER, classes the search reads per frame"))
+    p.add_argument("--systems", nargs="+", required=True, help="networks of nnet.models, trained (and tuned)")
+    p.add_argument("--test", default="test")
+    p.add_argument("--every", type=int, default=10, help="decode every n-th utterance (sorted ids)")
+    p.add_argument("--count", type=int, default=0, help="utterances decoded again to count the classes the search "
+                   "reads per frame (slow: a Python callback per score)")
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.set_defaults(func=cmd_bench_networks)
 
     p = with_config(bench.add_parser("scale", help="every stage's time and memory as the training split grows"))
     for name in ("data", "features", "lang", "model"):

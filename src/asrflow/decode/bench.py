@@ -1,0 +1,140 @@
+"""Decoding speed of trained networks on one core: the network's forward pass and the graph search timed apart.
+
+``asrflow bench networks`` decodes every n-th utterance of a test split with each network as its decode
+stage would (its own ``decode`` settings over ``nnet.decode``, the tuned acoustic scale and insertion
+penalty when the tune stage has run), in this process and one thread, and prints one JSON line per
+network: parameters, size on disk, forward and search real-time factors, WER on those utterances and,
+on the first few utterances, the share of output classes the search reads per frame (what evaluating
+the output layer lazily, only for the classes the search asks for, could save at most).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrflow.config import model_cmvn
+from asrflow.config.paths import Paths
+from asrflow.config.settings import decoding
+from asrflow.data.datadir import read_table
+from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings
+from asrflow.decode.stage import decoder_kind
+from asrflow.decode.tune import tuned_settings
+from asrflow.gmm.estep import features
+from asrflow.gmm.model import GmmModel
+from asrflow.gmm.shards import split_shards
+from asrflow.kaldi import khg
+from asrflow.nnet import NnetError
+
+
+class CountingDecodable(khg.DecodableInterface):
+    """A decodable over a score matrix that records which columns the search reads at each frame."""
+
+    def __init__(self, scores: np.ndarray) -> None:
+        super().__init__()
+        self.scores = scores
+        self.read: list[set[int]] = [set() for _ in range(len(scores))]
+
+    def log_likelihood(self, frame: int, index: int) -> float:
+        self.read[frame].add(index - 1)
+        return float(self.scores[frame, index - 1])
+
+    def num_frames_ready(self) -> int:
+        return len(self.scores)
+
+    def is_last_frame(self, frame: int) -> bool:
+        return frame == len(self.scores) - 1
+
+    def num_indices(self) -> int:
+        return self.scores.shape[1]
+
+
+def read_share(graph: str, trans_model: Any, opts: DecodeOptions, matrices: list[np.ndarray],
+               columns_to_classes: np.ndarray | None) -> float:
+    """Mean share of output classes whose score the search reads per frame (columns mapped to classes by
+    ``columns_to_classes``: a transition id's pdf; None when columns are the classes)."""
+    shares = []
+    classes = int(columns_to_classes.max()) + 1 if columns_to_classes is not None else matrices[0].shape[1]
+    for scores in matrices:
+        decodable = CountingDecodable(scores)
+        decode_all(graph, trans_model, opts, [("utt", len(scores), lambda d=decodable: d)])
+        for columns in decodable.read:
+            read = {int(columns_to_classes[c]) for c in columns} if columns_to_classes is not None else columns
+            shares.append(len(read) / classes)
+    return float(np.mean(shares)) if shares else 0.0
+
+
+def _paths(inputs: dict[str, str]) -> Paths:
+    known = {f.name for f in fields(Paths)}
+    return Paths(out=Path("."), **{k: Path(v) for k, v in inputs.items() if k in known})
+
+
+def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
+                      counted: int = 0, log=print) -> dict[str, Any]:
+    """Decode every ``every``-th utterance of ``test`` (sorted ids) with network ``system`` (its decode-stage
+    ``inputs``) on one core; the row of timings, sizes and WER (see the module's docstring). ``counted``
+    utterances are decoded again with a counting decodable for the share of classes read per frame."""
+    import torch
+
+    from asrflow.decode import ctc
+    from asrflow.nnet import hybrid
+    from asrflow.nnet.inference import Scoring
+    from asrflow.nnet.models import parameter_count
+    from asrflow.score.wer import score_corpus
+
+    paths = _paths(inputs)
+    model = config["nnet"]["models"][system]
+    kind = decoder_kind(model)
+    if kind == "prefix" or paths.graph is None:
+        raise NnetError(f"{system}: the bench times graph searches (hybrids, CTC over phones), not prefix search")
+    dcfg = decoding(config, system)
+    tuned = tuned_settings(paths.tune)
+    texts = read_table(Path(paths.data) / test / "text")
+    chosen = sorted(texts)[::every]
+    shards = split_shards(paths.data, paths.features, paths.lang, test, len(chosen), only=set(chosen), deltas=0,
+                          cmvn=model_cmvn(config, system))
+    final = Path(paths.model) / "final.pt"
+    scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames)
+    network, header = scoring.load()
+    feats = [x for s in shards for x in features(s)]
+    utts = [u for s in shards for u in s.utts]
+    start = time.perf_counter()
+    posteriors = scoring.log_posteriors(feats)
+    forward = time.perf_counter() - start
+    if kind == "hclg":
+        opts = replace(hybrid.decode_options(dcfg, config["decode"]), **tuned)
+        gmm = GmmModel.load(paths.gmm)
+        priors = np.load(Path(paths.model) / "priors.npy")
+        graph, trans_model, columns = str(Path(paths.graph).resolve() / "HCLG.fst"), gmm.tm, gmm.tid2pdf[1:]
+
+        def loglikes(p: np.ndarray, o: DecodeOptions) -> np.ndarray:
+            return hybrid.transition_loglikes(p, priors, gmm.tid2pdf, o.acoustic_scale)
+    else:
+        opts = replace(ctc.graph_options(dcfg, config["decode"]), **tuned)
+        graph, trans_model, columns, loglikes = str(Path(paths.graph).resolve() / "TLG.fst"), None, None, \
+            ctc.scaled_posteriors
+    (result,) = decode_settings(utts, [len(x) for x in feats], posteriors, 0.0, graph, trans_model, [opts], loglikes)
+    summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
+    audio = result.frames * opts.frame_shift
+    out = network.output if hasattr(network, "output") else None
+    row = {"system": system, "test": test, "every": every, "utterances": len(utts), "audio_seconds": round(audio, 1),
+           "parameters": parameter_count(network), "model_bytes": final.stat().st_size,
+           "frame_skip": dcfg.frame_skip, "multi_frame": int(header["config"].get("multi_frame", 1)),
+           "batch_frames": dcfg.batch_frames, "beam": opts.beam, "max_active": opts.max_active,
+           "acoustic_scale": opts.acoustic_scale, "insertion_penalty": opts.insertion_penalty,
+           "forward_seconds": round(forward, 2), "search_seconds": round(result.seconds, 2),
+           "rtf_forward": round(forward / audio, 4), "rtf_search": round(result.seconds / audio, 4),
+           "rtf": round((forward + result.seconds) / audio, 4), "wer": round(summary["wer"], 4),
+           "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"], "threads": torch.get_num_threads(),
+           "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None}
+    if counted:
+        matrices = [loglikes(p, opts) for p in posteriors[:counted]]
+        row["classes_read_per_frame"] = round(read_share(graph, trans_model, opts, matrices, columns), 4)
+        row["counted_utterances"] = len(matrices)
+    log(f"{system}: RTF {row['rtf']} (forward {row['rtf_forward']}, search {row['rtf_search']}), "
+        f"WER {100 * row['wer']:.2f} % on {len(utts)} utterances")
+    return row
