@@ -81,7 +81,8 @@ def run_learners(root: Path, out: Path, runs: dict[str, dict], processes: int, t
 @pytest.fixture(scope="module")
 def two_learners(fbank, tmp_path_factory) -> dict[str, dict]:  # noqa: F811
     runs = {"single": {"strategy": "allreduce", "learners": 1}}
-    base = {name: {"strategy": name, "learners": 2} for name in ("allreduce", "ring", "kavg", "adpsgd", "asgd")}
+    base = {name: {"strategy": name, "learners": 2}
+            for name in ("allreduce", "ring", "kavg", "adpsgd", "asgd", "pipeline")}
     base["kavg"]["k"] = 2
     base["kavg_overlap"] = {**base["kavg"], "overlap": True}
     compressed = {f"{name}_1bit": {"strategy": name, "learners": 2, "compression": "1bit"}
@@ -93,8 +94,8 @@ def two_learners(fbank, tmp_path_factory) -> dict[str, dict]:  # noqa: F811
 CHANCE = float(torch.log(torch.tensor(4.0)))
 
 
-@pytest.mark.parametrize("name", ["allreduce", "ring", "kavg", "kavg_overlap", "adpsgd", "asgd", "allreduce_1bit",
-                                  "ring_1bit", "kavg_1bit"])
+@pytest.mark.parametrize("name", ["allreduce", "ring", "kavg", "kavg_overlap", "adpsgd", "asgd", "pipeline",
+                                  "allreduce_1bit", "ring_1bit", "kavg_1bit"])
 def test_every_strategy_learns_with_two_learners(two_learners, name) -> None:
     result = two_learners[name]
     assert result["world_size"] == 2 and result["strategy"] == name.split("_")[0]

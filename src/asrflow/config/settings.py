@@ -30,7 +30,7 @@ from asrflow.parallel import ParallelError, overlap_conflict
 T = TypeVar("T", bound="Settings")
 
 #: parallel strategies, and those in which each learner's minibatch is one update of the shared model
-STRATEGY_NAMES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
+STRATEGY_NAMES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd", "pipeline")
 SEQUENTIAL = ("ring", "asgd")
 
 
@@ -185,7 +185,7 @@ class Parallel(Settings):
         adpsgd, hierarchical) update with the whole ``max_frames``; ring and asgd make one
         update per learner minibatch, each ``1/P`` as large (see :meth:`lr_factor`).
         """
-        if world == 1 or self.batch == "learner":
+        if world == 1 or self.batch == "learner" or self.strategy == "pipeline":  # a pipeline's stages share batches
             return max_frames
         return max(1, max_frames // world)
 
@@ -209,7 +209,7 @@ class Parallel(Settings):
         learner reads ``max_frames``: a learner step is P steps of data (1/P ticks), and each
         gradient the server applies is one.
         """
-        if world == 1:
+        if world == 1 or self.strategy == "pipeline":
             return 1.0
         if server:
             return float(world) if self.batch == "global" else 1.0

@@ -360,6 +360,8 @@ class _Run:
         self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
                                       self.device, opts.clip)
         frames = parallel.learner_frames(opts.max_frames, self.world)
+        # which share of the batches this learner reads: a pipeline's stages all read every batch
+        self.reader = (0, 1) if getattr(self.strategy, "drives_steps", False) else (self.rank, self.world)
         if opts.example_frames:
             context = frame_context(self.model)
             if context is None or objective != "hybrid":
@@ -367,9 +369,9 @@ class _Run:
                                 f"window (dnn, cnn without subsampling), not a {model_config.get('type')} "
                                 f"{objective} network")
             train_set = self.train_set = ExampleDataset(train_set, opts.example_frames, context)
-            self.sampler = ShuffledBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
+            self.sampler = ShuffledBatchSampler(train_set.lengths, frames, opts.seed, *self.reader)
         else:
-            self.sampler = BucketBatchSampler(train_set.lengths, frames, opts.seed, self.rank, self.world)
+            self.sampler = BucketBatchSampler(train_set.lengths, frames, opts.seed, *self.reader)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"),
                                       "bad_epochs": 0}
         self.state_path = Path(state_dir) if state_dir else out
@@ -500,20 +502,27 @@ class _Run:
         """
         batch = _to(batch, self.device)
         t1 = time.perf_counter()
-        self.strategy.begin_step()
-        with _autocast(self.device, self.opts.amp):
-            logits, out_lengths = self.forward(batch["feats"], batch["lengths"])
-        loss, stats = self.loss_fn(logits, out_lengths, batch)
-        self.optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.device.type == "cuda" and self.world > 1:
-            torch.cuda.synchronize(self.device)
-        t2 = time.perf_counter()
-        self.strategy.finish_step()
+        if getattr(self.strategy, "drives_steps", False):  # pipelined: the strategy runs this stage's passes
+            with _autocast(self.device, self.opts.amp):
+                stats = self.strategy.train_step(batch, self.loss_fn)
+            t2 = time.perf_counter()
+            busy = self.strategy.times.wait + self.strategy.times.merge
+        else:
+            self.strategy.begin_step()
+            with _autocast(self.device, self.opts.amp):
+                logits, out_lengths = self.forward(batch["feats"], batch["lengths"])
+            loss, stats = self.loss_fn(logits, out_lengths, batch)
+            self.optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.device.type == "cuda" and self.world > 1:
+                torch.cuda.synchronize(self.device)
+            t2 = time.perf_counter()
+            self.strategy.finish_step()
+            busy = 0.0
         self.scheduler.step()  # Schedule's ticks turn learner steps into steps of max_frames of data
         t3 = time.perf_counter()
         times = self.strategy.times
-        times.data, times.calc = t1 - t0, t2 - t1
+        times.data, times.calc = t1 - t0, t2 - t1 - busy
         self.state["step"] += 1
         self.state["batch"] = index + 1
         for key, value in (("frames", stats.frames), ("data", times.data), ("calc", times.calc),
@@ -529,7 +538,7 @@ class _Run:
     def flush_metrics(self) -> None:
         """Log the steps since the last flush (one read of the device's sums, which waits for the steps to end)."""
         if self.window.steps:
-            self.log_metrics(self.state["step"], self.window.metrics(self.world, self.scheduler.get_last_lr()[0]))
+            self.log_metrics(self.state["step"], self.window.metrics(self.reader[1], self.scheduler.get_last_lr()[0]))
             self.window = _Window()
 
     def end_epoch(self) -> None:
@@ -592,7 +601,8 @@ class _Run:
                 # without the held-out evaluations
                 "train_seconds": seconds - totals["held_out"],
                 "strategy": self.parallel.strategy if self.world > 1 else "single", "device": str(self.device),
-                "frames_per_second": totals["frames"] * self.world / busy, "data_wait_fraction": totals["data"] / busy,
+                "frames_per_second": totals["frames"] * self.reader[1] / busy,
+                "data_wait_fraction": totals["data"] / busy,
                 **{f"mean_t_{key}": totals[key] / steps for key in ("data", "calc", "transmit", "merge", "wait")},
                 "mean_bytes_per_step": totals["bytes"] / steps}
 

@@ -10,11 +10,13 @@ from asrflow.config.settings import STRATEGY_NAMES, Parallel
 from asrflow.parallel import ParallelError
 from asrflow.parallel.base import Strategy
 from asrflow.parallel.gossip import ADPSGD, Hierarchical
+from asrflow.parallel.pipeline import Pipeline
 from asrflow.parallel.ring import Ring
 from asrflow.parallel.server import ASGD
 from asrflow.parallel.sync import AllReduce, KAvg
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AllReduce, Ring, KAvg, ADPSGD, Hierarchical, ASGD)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AllReduce, Ring, KAvg, ADPSGD, Hierarchical, ASGD,
+                                                                   Pipeline)}
 assert tuple(STRATEGIES) == STRATEGY_NAMES
 
 
