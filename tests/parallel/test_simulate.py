@@ -127,3 +127,24 @@ def test_bad_settings_raise() -> None:
         simulate(SimConfig("gossip", 2, T_CALC, T_MERGE, 1.0))
     with pytest.raises(ValueError, match="learners"):
         simulate(SimConfig("ring", 0, T_CALC, T_MERGE, 1.0))
+
+
+def test_the_pipeline_scales_with_stages_and_beats_data_parallelism_only_for_large_models_on_slow_links() -> None:
+    """Stages balanced and the links free: nearly one stage's part per batch, less the bubble. Data parallelism
+    sends the model every step, the pipeline a boundary's activations: the model's size against the batch's
+    activations, and the link, decide which is faster."""
+    from asrflow.parallel.simulate import Network, SimConfig, simulate
+
+    free = Network(bandwidth=1e15, latency=0.0, intra_bandwidth=1e15, intra_latency=0.0)
+    four = simulate(SimConfig(strategy="pipeline", learners=4, t_calc=1.0, t_merge=0.0, model_bytes=0, steps=50,
+                              network=free))
+    assert 3.7 < four.speedup < 4.0
+    slow = Network(bandwidth=1.25e8)  # 1 Gbit/s between nodes
+    activations = 2000 * 2048 * 4  # 2,000 frames of a 2,048-wide layer
+
+    def speedup(strategy: str, model_bytes: float) -> float:
+        return simulate(SimConfig(strategy=strategy, learners=4, t_calc=1.0, t_merge=0.05, model_bytes=model_bytes,
+                                  steps=30, network=slow)).speedup
+
+    assert speedup("pipeline", activations) > speedup("allreduce", 28e6 * 4)  # a 28 M-parameter model
+    assert speedup("pipeline", activations) < speedup("allreduce", 0.5e6 * 4)  # a 0.5 M-parameter model

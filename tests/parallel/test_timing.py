@@ -143,3 +143,13 @@ def test_a_global_batch_is_split_over_the_learners_and_sequential_updates_scale_
     assert Parallel.defaults(strategy="asgd", stale_lr="linear").lr_factor(4) == 0.25
     assert Parallel.defaults(strategy="kavg", stale_lr="linear").lr_factor(4) == 1.0
     assert Parallel.defaults(strategy="ring", stale_lr="linear", batch="learner").lr_factor(4) == 1.0
+
+
+def test_pipeline_speedup_is_the_slowest_stage_and_the_bubble() -> None:
+    from asrflow.parallel.timing import pipeline_speedup
+
+    assert pipeline_speedup([0.5, 0.5]) == pytest.approx(2.0)
+    assert pipeline_speedup([0.6, 0.4]) == pytest.approx(1 / 0.6)
+    assert pipeline_speedup([0.5, 0.5], batches=10) == pytest.approx(2.0 / 1.2)  # 2 (S - 1) ticks to fill and drain
+    assert pipeline_speedup([0.5, 0.5], transmit=0.5) == pytest.approx(1.0)
+    assert pipeline_speedup([1.0]) == 1.0

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asrflow.parallel.timing import StepTimes, predict_speedup
+from asrflow.parallel.timing import StepTimes, pipeline_speedup, predict_speedup
 
 ROW_KEYS = ("strategy", "learners", "compression", "batch", "measured_speedup", "speedup_min", "speedup_max",
             "speedup_iqr", "pairs", "predicted_speedup", "gap_to_predicted", "spread_exceeds_gap",
@@ -86,9 +86,11 @@ def _mean(summaries: list[dict[str, Any]], key: str) -> float:
 
 def throughput(summaries: list[dict[str, Any]]) -> float:
     """Frames per second of a run's learners together over their timed steps: every learner's frames over the
-    slowest learner's time (the job waits for it); without timed steps, the frames of the run over its time."""
+    slowest learner's time (the job waits for it; a pipeline's stages share their batches: one learner's frames);
+    without timed steps, the frames of the run over its time."""
     if all(s.get("timed", {}).get("seconds") for s in summaries):
-        return sum(s["timed"]["frames"] for s in summaries) / max(s["timed"]["seconds"] for s in summaries)
+        readers = summaries[:1] if summaries[0].get("strategy") == "pipeline" else summaries
+        return sum(s["timed"]["frames"] for s in readers) / max(s["timed"]["seconds"] for s in summaries)
     return 1.0 / max(s["train_seconds"] for s in summaries)  # the same data in every run: inverse time
 
 
@@ -129,12 +131,27 @@ def split_efficiency(baseline: dict[str, Any], summaries: list[dict[str, Any]]) 
     return work(baseline) / sum(work(s) for s in summaries)
 
 
+def stage_shares(config_files: list[str], system: str, stages: int) -> list[float]:
+    """The parts of a step each stage of a ``stages``-stage pipeline takes, by the multiply-adds of its layers
+    (the synthetic split's input and classes)."""
+    from asrflow.config import load_config
+    from asrflow.nnet.bare import DIM, HYBRID_CLASSES
+    from asrflow.nnet.models import build_model
+    from asrflow.parallel.pipeline import balance, layer_units, unit_costs
+
+    config = load_config(*config_files)
+    costs = unit_costs(layer_units(build_model(config["nnet"]["models"][system], DIM, HYBRID_CLASSES)))
+    bounds = balance(costs, stages)
+    return [sum(costs[a:b]) / sum(costs) for a, b in zip(bounds, bounds[1:])]
+
+
 def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str, Any],
-              parallel: dict[str, Any]) -> dict:
+              parallel: dict[str, Any], shares: list[float] | None = None) -> dict:
     """One JSON line: measured and predicted speedup with the step times (means over learners) behind it.
 
     The job takes as long as its slowest learner; bytes are the mean a learner sends per step.
-    ``predicted_speedup`` is the timing model on the learners' step times; ``predicted_split``
+    ``predicted_speedup`` is the timing model on the learners' step times (a pipeline's: its stages'
+    ``shares`` of a step, :func:`~asrflow.parallel.timing.pipeline_speedup`); ``predicted_split``
     also counts the measured :func:`split_efficiency` of the work itself.
     """
     times = StepTimes(calc=_mean(summaries, "mean_t_calc") + _mean(summaries, "mean_t_data"),
@@ -142,7 +159,10 @@ def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str
                       wait=_mean(summaries, "mean_t_wait"))
     summary, learners = summaries[0], len(summaries)
     seconds = max(s["train_seconds"] for s in summaries)
-    predicted, efficiency = predict_speedup(strategy, learners, times), split_efficiency(baseline, summaries)
+    if strategy == "pipeline":  # steady state (the timed steps leave the fill and the epoch's drain out)
+        predicted, efficiency = pipeline_speedup(shares or [1.0]), 1.0
+    else:
+        predicted, efficiency = predict_speedup(strategy, learners, times), split_efficiency(baseline, summaries)
     timed = summary.get("timed", {})
     return {"strategy": strategy, "learners": learners, "compression": parallel.get("compression", "none"),
             "k": parallel.get("k", 4), "overlap": bool(parallel.get("overlap", False)),
@@ -154,6 +174,10 @@ def bench_row(strategy: str, summaries: list[dict[str, Any]], baseline: dict[str
             "bytes_per_step": _mean(summaries, "mean_bytes_per_step"), "train_seconds": seconds,
             "valid_frame_accuracy": summary.get("best_valid_frame_accuracy"),
             "baseline_t_calc": baseline["mean_t_calc"] + baseline["mean_t_data"],
+            **({"stage_shares": shares, "predicted_from_stages": (
+                baseline["mean_t_calc"] + baseline["mean_t_data"] + baseline["mean_t_merge"])
+                / max(s["mean_t_calc"] + s["mean_t_data"] + s["mean_t_merge"] for s in summaries)}
+               if strategy == "pipeline" else {}),
             "timed_steps": timed.get("steps"), "warmup_steps": timed.get("warmup"), "pinned": summary.get("pinned"),
             "threads": summary.get("threads")}
 
@@ -200,8 +224,12 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
             splits[(n, batch)] = {"synthetic": str(root)}
         return splits[(n, batch)]
 
+    def readers(parallel: dict[str, Any]) -> int:  # a pipeline's stages all read the same batches
+        return 1 if parallel.get("strategy") == "pipeline" else parallel["learners"]
+
     def run(parallel: dict[str, Any], name: str, pin_from: int) -> list[dict[str, Any]]:
-        return run_learners(config_files, system, data(parallel["learners"], parallel.get("batch", "global")),
+        batch = "learner" if parallel.get("strategy") == "pipeline" else parallel.get("batch", "global")
+        return run_learners(config_files, system, data(readers(parallel), batch),
                             parallel, 1 if steps else epochs, threads, trace=trace(name), warmup=warmup,
                             pin_from=pin_from if pin else None)
 
@@ -234,7 +262,8 @@ def bench_parallel(config_files: list[str], system: str, paths: dict[str, str], 
                 pairs = []
                 for repeat in range(repeats):
                     baseline, summaries = pair(parallel, fresh_baseline=bool(rows) or repeat > 0)
-                    pairs.append(bench_row(variant["strategy"], summaries, baseline, parallel))
+                    shares = stage_shares(config_files, system, n) if variant["strategy"] == "pipeline" else None
+                    pairs.append(bench_row(variant["strategy"], summaries, baseline, parallel, shares))
                     log(f"  pair {repeat + 1} ({pairing}): 1 learner {baseline['train_seconds']:.2f} s, {n} learners "
                         f"{pairs[-1]['train_seconds']:.2f} s: {pairs[-1]['measured_speedup']:.3f}x")
                 pairs.sort(key=lambda r: r["measured_speedup"])
@@ -389,7 +418,8 @@ def _worker(argv: list[str] | None = None) -> None:
                                                                out=Path(args.state), gmm=args.gmm))
         num_classes, objective, extra = targets.num_classes, model["objective"], targets.extra
     opts = train_options(config, args.system, args.epochs).replace(log_every=1)  # a metric window per step
-    clock = StepClock(args.warmup, world)
+    shared = json.loads(args.parallel).get("strategy") == "pipeline"  # every stage reads every batch
+    clock = StepClock(args.warmup, 1 if shared else world)
     with contextlib.ExitStack() as stack:  # the trace file stays open for the whole training run
         trace = (stack.enter_context(open(f"{args.trace}.rank{rank}.jsonl", "w")) if args.trace else None)
         began = time.perf_counter()

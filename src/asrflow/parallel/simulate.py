@@ -47,7 +47,7 @@ import numpy as np
 from asrflow.parallel.timing import StepTimes, n_max
 from asrflow.parallel.topology import partner
 
-STRATEGIES = ("ring", "adpsgd", "allreduce", "kavg", "hierarchical", "asgd")
+STRATEGIES = ("ring", "adpsgd", "allreduce", "kavg", "hierarchical", "asgd", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -541,7 +541,59 @@ def _asgd(job: _Job) -> None:
         compute(rank)
 
 
+def _pipeline(job: _Job) -> None:
+    """Pipelined back-propagation: learner r holds stage r of the network and all learners' ``steps`` batches
+    each (``learners · steps``, the data-parallel strategies' data) flow through the stages in order.
+
+    A stage's part of a batch is ``(t_calc + t_merge) / learners`` (stages balanced), a third of it
+    forward, two thirds backward and update. Stage r forwards batch b once stage r − 1's activations of b
+    have arrived (stage 0: when it is free), and back-propagates it once stage r + 1's gradient has
+    arrived (the last stage: right after its forward pass); a stage runs one pass at a time, a ready
+    backward pass first. Activations and gradients are messages of ``model_bytes`` (for this strategy:
+    one stage boundary's activations of a batch) over the links. Filling and draining the pipeline are
+    played out: that is its bubble.
+    """
+    n, engine = job.n, job.engine
+    batches = n * job.cfg.steps
+    part = [[(job.calc[r][b % job.cfg.steps] + job.cfg.t_merge) / n for b in range(batches)] for r in range(n)]
+    busy = [False] * n
+    ready: list[deque[tuple[str, int]]] = [deque() for _ in range(n)]
+    left = [2 * batches] * n  # passes each stage still has to run
+
+    def offer(r: int, kind: str, b: int) -> None:
+        (ready[r].appendleft if kind == "backward" else ready[r].append)((kind, b))
+        run(r)
+
+    def run(r: int) -> None:
+        if busy[r] or not ready[r]:
+            return
+        backward = [task for task in ready[r] if task[0] == "backward"]
+        kind, b = backward[0] if backward else ready[r][0]
+        ready[r].remove((kind, b))
+        busy[r] = True
+        engine.after(part[r][b] * (2 / 3 if kind == "backward" else 1 / 3), partial(finished, r, kind, b))
+
+    def finished(r: int, kind: str, b: int) -> None:
+        busy[r] = False
+        left[r] -= 1
+        if kind == "forward":
+            if r == n - 1:
+                offer(r, "backward", b)
+            else:
+                job.send(r, r + 1, partial(offer, r + 1, "forward", b))
+            if r == 0 and b + 1 < batches:
+                offer(0, "forward", b + 1)
+        elif r > 0:
+            job.send(r, r - 1, partial(offer, r - 1, "backward", b))
+        if left[r] == 0:
+            job.done(r)
+        run(r)
+
+    offer(0, "forward", 0)
+
+
 _RUNNERS: dict[str, Callable[[_Job], None]] = {
+    "pipeline": _pipeline,
     "ring": _ring,
     "adpsgd": _adpsgd,
     "allreduce": _allreduce,

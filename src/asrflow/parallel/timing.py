@@ -62,7 +62,9 @@ def predict_speedup(strategy: str, learners: int, times: StepTimes) -> float:
       mean, so kavg's ``1/k`` and hierarchical's in-group all-reduce are already in ``T``):
       ``n (C + M) / (C + T + M)``;
     - ``asgd``: as the blocking form, but the server takes one gradient and returns one model
-      at a time, capping it at ``(C + M) / (2 T + M)``.
+      at a time, capping it at ``(C + M) / (2 T + M)``;
+    - ``pipeline``: ``n`` balanced stages (:func:`pipeline_speedup`), ``T`` a tick's activations and
+      gradients on the wire.
 
     kavg's ``k`` and hierarchical's ``group_size`` need no parameter: the measured times
     already reflect them.
@@ -81,9 +83,27 @@ def predict_speedup(strategy: str, learners: int, times: StepTimes) -> float:
     if strategy == "asgd":
         server = 2 * times.transmit + times.merge
         return min(blocking, step / server if server > 0 else float(n))
+    if strategy == "pipeline":  # ``times``: one learner's whole step; stages balanced (see pipeline_speedup)
+        return pipeline_speedup([1.0 / n] * n, transmit=times.transmit / step if step > 0 else 0.0)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
 def speedup_curve(strategy: str, times: StepTimes, learners: list[int]) -> list[tuple[int, float]]:
     """``(n, predicted speedup)`` for each learner count."""
     return [(n, predict_speedup(strategy, n, times)) for n in learners]
+
+
+def pipeline_speedup(shares: list[float], batches: int | None = None, transmit: float = 0.0) -> float:
+    """Predicted speedup of pipelined back-propagation over one learner running every layer.
+
+    ``shares`` are the stages' parts of one learner's step (forward and backward of their layers;
+    they sum to 1). One learner's step is their sum; the pipeline's tick is its slowest stage's part
+    plus ``transmit`` (the wire time of a tick's activations and gradients, as a part of the step), so
+    in steady state it runs ``1 / (max share + transmit)`` times as fast. Filling and draining the
+    pipeline cost ``2 (S − 1)`` ticks per ``batches`` batches (None: never drained).
+    """
+    stages = len(shares)
+    if stages <= 1:
+        return 1.0
+    fill = 1.0 + 2 * (stages - 1) / batches if batches else 1.0
+    return sum(shares) / ((max(shares) + transmit) * fill)
