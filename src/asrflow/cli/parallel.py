@@ -79,7 +79,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bench = read_rows(Path(args.bench))
     else:
         bench = [{"strategy": s, "compression": "none", "t_calc": args.t_calc, "t_merge": args.t_merge,
-                  "t_transmit": 0.0, "bytes_per_step": args.model_bytes, "k": args.k, "overlap": args.overlap}
+                  "t_transmit": 0.0, "k": args.k, "overlap": args.overlap,
+                  "bytes_per_step": args.activation_bytes if s == "pipeline" and args.activation_bytes
+                  else args.model_bytes}
                  for s in args.strategies.split(",")]
     rows = simulated_rows(bench, learners, _network(args), args.group_size, jitter=args.jitter)
     for row in rows:
@@ -194,6 +196,8 @@ def register(sub: Any, bench: Any) -> None:
     p.add_argument("--t-calc", type=float, default=0.1)
     p.add_argument("--t-merge", type=float, default=0.005)
     p.add_argument("--model-bytes", type=float, default=2.4e6)
+    p.add_argument("--activation-bytes", type=float, help="pipeline: bytes of one stage boundary's activations of a "
+                   "batch (default: --model-bytes)")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES)
     p.add_argument("--learners", default="1,2,4,8,16,32,64")
     p.add_argument("--group-size", type=int, default=8, help="learners per node for the hierarchical layout")

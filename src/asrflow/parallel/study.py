@@ -43,7 +43,8 @@ def simulated_rows(bench: list[dict[str, Any]], learners: list[int], network: An
     from asrflow.parallel.simulate import project
 
     model_bytes = max((r["bytes_per_step"] for r in bench if r["strategy"] == "ring" and r["compression"] == "none"),
-                      default=None) or max(r["bytes_per_step"] for r in bench)
+                      default=None) or max((r["bytes_per_step"] for r in bench if r["strategy"] != "pipeline"),
+                                           default=0.0)
     rows = []
     for row in bench:
         if row["compression"] != "none":
@@ -52,9 +53,11 @@ def simulated_rows(bench: list[dict[str, Any]], learners: list[int], network: An
         for nodes in layouts:
             counts = [n for n in learners if nodes == 1 or n % nodes == 0]
             kavg = {"k": row.get("k", 4), "overlap": bool(row.get("overlap"))} if row["strategy"] == "kavg" else {}
-            for result in project(row["strategy"], counts, row["t_calc"], row["t_merge"], model_bytes, network,
+            # a pipeline's messages are a stage boundary's activations, the others' the model
+            nbytes = row["bytes_per_step"] if row["strategy"] == "pipeline" else model_bytes
+            for result in project(row["strategy"], counts, row["t_calc"], row["t_merge"], nbytes, network,
                                   group_size=nodes, steps=steps, jitter=jitter, **kavg):
-                rows.append({**result.as_dict(), "model_bytes": model_bytes, **kavg})
+                rows.append({**result.as_dict(), "model_bytes": nbytes, **kavg})
     return rows
 
 
