@@ -1,4 +1,4 @@
-"""``asrflow bench features|gmm|decode|networks|scale|nnet`` (``bench parallel``: :mod:`asrflow.cli.parallel`)."""
+"""``asrflow bench features|gmm|decode|networks|sparse|scale|nnet`` (``parallel``: :mod:`asrflow.cli.parallel`)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,15 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
     config = _load(args)
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
                               counted=args.count, log=_log) for system in args.systems]
+    return json_lines(rows, args.out)
+
+
+def cmd_bench_sparse(args: argparse.Namespace) -> int:
+    """Dense against CSR sparse matrix products of a pruned layer; one JSON line per pruned fraction."""
+    from asrflow.nnet.prune import sparse_speed
+
+    rows = sparse_speed(args.rows, args.cols, args.frames, [float(f) for f in args.fractions.split(",")],
+                        args.repeats)
     return json_lines(rows, args.out)
 
 
@@ -179,6 +188,15 @@ def register(sub: Any) -> Any:
                    "reads per frame (slow: a Python callback per score)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_networks)
+
+    p = bench.add_parser("sparse", help="a pruned layer's matrix product dense and sparse (CSR), one thread")
+    p.add_argument("--rows", type=int, default=640, help="output width")
+    p.add_argument("--cols", type=int, default=1920, help="input width (a TDNN layer: channels x kernel)")
+    p.add_argument("--frames", type=int, default=2000)
+    p.add_argument("--fractions", default="0,0.5,0.7,0.9,0.95", help="comma-separated pruned fractions")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.set_defaults(func=cmd_bench_sparse)
 
     p = with_config(bench.add_parser("scale", help="every stage's time and memory as the training split grows"))
     for name in ("data", "features", "lang", "model"):
