@@ -106,6 +106,6 @@ def test_fine_tuning_keeps_the_pruned_weights_at_zero(tmp_path: Path) -> None:
 def test_the_sparse_bench_times_both_products() -> None:
     from asrflow.nnet.prune import sparse_speed
 
-    rows = sparse_speed(16, 24, 10, [0.0, 0.9], repeats=1)
+    rows = sparse_speed(64, 96, 50, [0.0, 0.9], repeats=1)
     assert [r["fraction"] for r in rows] == [0.0, 0.9]
     assert all(r["dense_ms"] > 0 and r["sparse_ms"] > 0 and r["threads"] == 1 for r in rows)

@@ -113,6 +113,6 @@ def sparse_speed(rows: int, cols: int, frames: int, fractions: list[float], repe
                 times.append(time.perf_counter() - start)
             best[name] = min(times[1:])
         out.append({"rows": rows, "cols": cols, "frames": frames, "fraction": fraction, "threads": 1,
-                    "dense_ms": round(1000 * best["dense"], 2), "sparse_ms": round(1000 * best["sparse"], 2),
+                    "dense_ms": round(1000 * best["dense"], 4), "sparse_ms": round(1000 * best["sparse"], 4),
                     "sparse_over_dense": round(best["sparse"] / best["dense"], 2)})
     return out
