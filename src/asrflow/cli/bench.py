@@ -63,8 +63,9 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
     from asrflow.workflow import nnet_decode_inputs
 
     config = _load(args)
+    batches = [int(b) for b in args.batch_frames.split(",")] if args.batch_frames else None
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
-                              counted=args.count, log=_log) for system in args.systems]
+                              counted=args.count, batches=batches, log=_log) for system in args.systems]
     return json_lines(rows, args.out)
 
 
@@ -186,6 +187,8 @@ def register(sub: Any) -> Any:
     p.add_argument("--every", type=int, default=10, help="decode every n-th utterance (sorted ids)")
     p.add_argument("--count", type=int, default=0, help="utterances decoded again to count the classes the search "
                    "reads per frame (slow: a Python callback per score)")
+    p.add_argument("--batch-frames", help="comma-separated padded frames per forward batch to time the forward pass "
+                   "with as well (1: one utterance at a time)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_networks)
 

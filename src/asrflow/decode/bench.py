@@ -74,10 +74,11 @@ def _paths(inputs: dict[str, str]) -> Paths:
 
 
 def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
-                      counted: int = 0, log=print) -> dict[str, Any]:
+                      counted: int = 0, batches: list[int] | None = None, log=print) -> dict[str, Any]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with network ``system`` (its decode-stage
     ``inputs``) on one core; the row of timings, sizes and WER (see the module's docstring). ``counted``
-    utterances are decoded again with a counting decodable for the share of classes read per frame."""
+    utterances are decoded again with a counting decodable for the share of classes read per frame; the
+    forward pass is timed again with each of ``batches`` padded frames per batch (``rtf_forward_by_batch``)."""
     import torch
 
     from asrflow.decode import ctc
@@ -131,6 +132,12 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
            "rtf": round((forward + result.seconds) / audio, 4), "wer": round(summary["wer"], 4),
            "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"], "threads": torch.get_num_threads(),
            "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None}
+    if batches:
+        row["rtf_forward_by_batch"] = {}
+        for size in batches:
+            start = time.perf_counter()
+            Scoring(scoring.network, scoring.frame_skip, size).log_posteriors(feats)
+            row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
     if counted:
         matrices = [loglikes(p, opts) for p in posteriors[:counted]]
         row["classes_read_per_frame"] = round(read_share(graph, trans_model, opts, matrices, columns), 4)
