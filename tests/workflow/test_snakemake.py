@@ -167,11 +167,12 @@ def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatc
     config = load_config(str(yesno_run / "results" / "yesno" / "config.yaml"))
     for system in ("dnn", "ctc_phone"):  # an HCLG and a TLG search
         row = network_benchmark(config, system, nnet_decode_inputs(config, "test", system), "test", 1, counted=2,
-                                log=lambda line: None)
+                                batches=[1, 4000], log=lambda line: None)
         scored = json.loads((yesno_run / "results" / "yesno" / "score" / system / "test.json").read_text())
         assert row["wer"] == pytest.approx(scored["wer"], abs=1e-4), system
         assert row["rtf"] == pytest.approx(row["rtf_forward"] + row["rtf_search"], abs=2e-4)
         assert 0 < row["classes_read_per_frame"] <= 1 and row["threads"] == 1
+        assert set(row["rtf_forward_by_batch"]) == {"1", "4000"}
 
 
 def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
