@@ -176,3 +176,26 @@ def test_a_decoding_variant_trains_no_epoch_and_keeps_its_init_weights(tmp_path)
                     log=lambda line: None, init=trained)
     variant = torch.load(tmp_path / "variant" / "final.pt", weights_only=True)
     assert summary["steps"] == 0 and all(torch.equal(variant["model"][k], v) for k, v in trained["model"].items())
+
+
+def test_a_decoding_variant_of_a_compressed_network_keeps_its_layers(tmp_path) -> None:
+    """A variant (train.epochs 0) may start from a factorised network and takes its ranks; a network trained on
+    from one may not."""
+    from asrflow.config import ConfigError, resolve_config
+    from asrflow.nnet.lowrank import factorised_init
+    from asrflow.nnet.stage import initial_weights
+
+    def config(models: dict) -> dict:
+        return resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": list(models)},
+                               "nnet": {"models": models}})
+
+    svd = {**DNN, "init": "dnn", "low_rank": {"keep": 0.3}}
+    resolved = config({"dnn": DNN, "svd": svd, "fast": {**DNN, "init": "svd", "train": {"epochs": 0},
+                                                        "decode": {"frame_skip": 2}}})
+    with pytest.raises(ConfigError, match="decoding variant"):
+        config({"dnn": DNN, "svd": svd, "again": {**DNN, "init": "svd"}})
+    whole = build_model(DNN, 10, 7)
+    saved = {"model": whole.state_dict(), "config": DNN, "input_dim": 10, "num_classes": 7, "objective": "hybrid"}
+    init, ranks = factorised_init(saved, whole, {"keep": 0.3})
+    torch.save({**init, "config": {**DNN, "ranks": ranks}}, tmp_path / "final.pt")
+    assert initial_weights(resolved, "fast", tmp_path)["config"]["ranks"] == ranks

@@ -462,9 +462,11 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
     other = models[source]
     if other["type"] == "ensemble":
         raise ConfigError(f"{key}: {source!r} is an ensemble; init names one trained network")
-    if any(k in other for k in COMPRESSIONS):
+    variant = model_train(config, name)["epochs"] == 0  # a decoding variant: the init network as it is
+    if any(k in other for k in COMPRESSIONS) and not (variant and not compressions):
         raise ConfigError(f"{key}: {source!r} is compressed ({', '.join(k for k in COMPRESSIONS if k in other)}); "
-                          f"init names a network of whole layers")
+                          f"init names a network of whole layers, unless {name} is a decoding variant of it "
+                          f"(train.epochs 0, no {' or '.join(COMPRESSIONS)} of its own)")
     shape = network_config(other)
     if shape.get("multi_frame") == 1:  # a one-head network: a multi-frame one starts with every head its output layer
         shape["multi_frame"] = network_config(model).get("multi_frame", 1)

@@ -184,6 +184,9 @@ def mmi_criterion(opts: Training, system: str, gmm_dir: str | Path | None, graph
     return MmiObjective(graph, log_priors, mmi.weight, mmi.acoustic_scale)
 
 
+SHAPE_KEYS = ("ranks", "pruned")  # what a compressed network's final.pt config adds to its sizes
+
+
 def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | None) -> dict[str, Any] | None:
     """The ``final.pt`` of the network ``system`` starts from (its ``init``, trained in ``init_dir``), or None
     for a network without one; a missing folder or a network of another shape is an NnetError."""
@@ -198,7 +201,8 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
         raise NnetError(f"{system} starts from {source}'s weights (nnet.models.{system}.init): --init must be "
                         f"{source}'s trained network folder with final.pt (got {init_dir})")
     saved = torch.load(path, weights_only=True)
-    mine, theirs = network_config(config["nnet"]["models"][system]), network_config(saved["config"])
+    shape = {k: v for k, v in saved["config"].items() if k not in SHAPE_KEYS}  # a compressed init's layers aside
+    mine, theirs = network_config(config["nnet"]["models"][system]), network_config(shape)
     heads = mine.get("multi_frame", 1)
     if theirs.get("multi_frame", 1) == 1 and heads > 1:  # a one-head network: every head starts as its output layer
         saved = {**saved, "model": multi_frame_init(saved["model"], heads),
@@ -260,6 +264,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     model = config["nnet"]["models"][system]
     if init is not None and (net.low_rank or net.prune):
         init, model = compressed_init(init, model, net, log)
+    elif init is not None:  # a compressed init (a decoding variant of it) keeps its factorised or pruned layers
+        model = {**model, **{k: init["config"][k] for k in SHAPE_KEYS if k in init["config"]}}
     criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang)
                  if net.objective == "hybrid" else None)
     log(f"{system} ({net.type}, {net.objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
