@@ -27,3 +27,13 @@ def test_the_scale_table_shows_each_size_and_the_ratio_of_the_largest_to_the_bas
     assert table[0].startswith("| stage | s per hour at 10 / 100 h | 100 h / 10 h |")
     assert table[2] == "| realign | 2.00 / 3.00 | 1.50 | 110 / 200 | 1.82 | 500 / 500 | 1.00 |"  # in the order they run
     assert table[3] == "| lang | 0.10 / – | – | 200 / – | – | – / – | – |"
+
+
+def test_the_tradeoff_plot_reads_the_bench_rows(tmp_path: Path) -> None:
+    from asrflow.cli import main
+
+    rows = tmp_path / "networks.jsonl"
+    rows.write_text('{"system": "tdnn", "wer": 0.48, "rtf": 0.12, "parameters": 7230357}\n'
+                    '{"system": "tdnn_svd", "wer": 0.46, "rtf": 0.09, "parameters": 2177869}\n')
+    assert main(["bench", "networks", "-c", "config/config.yaml", "--rows", str(rows)]) == 0
+    assert (tmp_path / "networks.png").stat().st_size > 10_000

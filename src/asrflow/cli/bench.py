@@ -62,11 +62,22 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
     from asrflow.decode.bench import network_benchmark
     from asrflow.workflow import nnet_decode_inputs
 
+    if args.rows:  # a figure of rows measured before (e.g. by several runs of the bench)
+        from asrflow.report.plots import tradeoff_plot
+
+        tradeoff_plot([json.loads(line) for line in Path(args.rows).read_text().splitlines() if line.strip()],
+                      args.plot or str(Path(args.rows).with_suffix(".png")))
+        return 0
     config = _load(args)
     batches = [int(b) for b in args.batch_frames.split(",")] if args.batch_frames else None
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
                               counted=args.count, batches=batches, log=_log) for system in args.systems]
-    return json_lines(rows, args.out)
+    json_lines(rows, args.out)
+    if args.plot:
+        from asrflow.report.plots import tradeoff_plot
+
+        tradeoff_plot(rows, args.plot)
+    return 0
 
 
 def cmd_bench_sparse(args: argparse.Namespace) -> int:
@@ -182,11 +193,13 @@ def register(sub: Any) -> Any:
 
     p = with_config(bench.add_parser("networks", help="trained networks' decoding on one core: forward pass and search "
                                      "timed apart, size, WER, classes the search reads per frame"))
-    p.add_argument("--systems", nargs="+", required=True, help="networks of nnet.models, trained (and tuned)")
+    p.add_argument("--systems", nargs="+", default=[], help="networks of nnet.models, trained (and tuned)")
     p.add_argument("--test", default="test")
     p.add_argument("--every", type=int, default=10, help="decode every n-th utterance (sorted ids)")
     p.add_argument("--count", type=int, default=0, help="utterances decoded again to count the classes the search "
                    "reads per frame (slow: a Python callback per score)")
+    p.add_argument("--plot", help="draw WER against RTF and against parameters into this PNG file")
+    p.add_argument("--rows", help="plot these JSON lines (from --out) instead of decoding")
     p.add_argument("--batch-frames", help="comma-separated padded frames per forward batch to time the forward pass "
                    "with as well (1: one utterance at a time)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")

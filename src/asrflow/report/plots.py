@@ -1,4 +1,5 @@
-"""Figures of the report: WER per system and test set, and the networks' training curves."""
+"""Figures of the report: WER per system and test set, the networks' training curves, and speed and size against
+WER."""
 
 from __future__ import annotations
 
@@ -79,4 +80,23 @@ def scale_plot(lines: list[dict], path: str | Path) -> None:
     axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def tradeoff_plot(rows: list[dict], path: str | Path) -> None:
+    """Two panels from ``asrflow bench networks`` rows: WER (%) against the decoding real-time factor (one core),
+    and against the parameters, each network a labelled point."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "rtf", "decoding real-time factor (one core)"),
+                           (axes[1], "parameters", "parameters (millions)")):
+        for row in rows:
+            x = row[key] / (1e6 if key == "parameters" else 1)
+            ax.scatter(x, 100 * row["wer"], s=18)
+            ax.annotate(row["system"], (x, 100 * row["wer"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(label)
+        ax.set_ylabel("WER (%)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     plt.close(fig)
