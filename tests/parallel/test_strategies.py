@@ -149,12 +149,26 @@ def test_a_killed_learner_fails_cleanly_and_the_restart_resumes(fbank, tmp_path)
     assert "resumed from" in resumed.stdout
 
 
+def test_a_pipeline_resumed_from_its_checkpoint_trains_the_same_model(fbank, tmp_path) -> None:  # noqa: F811
+    """The pipeline drains before every checkpoint (every 4 steps here) and at epoch ends: stopping after
+    two epochs and training on to three gives the weights of three epochs in one go."""
+    runs = {"pipe": {"strategy": "pipeline", "learners": 2}}
+    for out, epochs in (("whole", 3), ("parts", 2), ("parts", 3)):
+        proc = subprocess.run(torchrun(fbank, tmp_path / out, {**runs, "_test": {"epochs": epochs}}, 2),
+                              capture_output=True, text=True, timeout=600, env=ENV)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout
+    whole = torch.load(tmp_path / "whole" / "pipe" / "final.pt", weights_only=True)["model"]
+    parts = torch.load(tmp_path / "parts" / "pipe" / "final.pt", weights_only=True)["model"]
+    assert all(torch.equal(whole[k], parts[k]) for k in whole)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 def test_every_strategy_runs_two_learners_on_one_gpu_over_gloo(fbank, tmp_path) -> None:  # noqa: F811
     """The strategies' GPU code with two learners on one GPU: gloo carries CUDA tensors (NCCL cannot put two
     ranks on one GPU), point-to-point messages through the CPU."""
     runs = {name: {"strategy": name, "learners": 2, "backend": "gloo"}
-            for name in ("allreduce", "ring", "kavg", "adpsgd", "asgd")}
+            for name in ("allreduce", "ring", "kavg", "adpsgd", "asgd", "pipeline")}
     runs["ring_1bit"] = {**runs["ring"], "compression": "1bit"}
     runs["hierarchical"] = {"strategy": "hierarchical", "learners": 2, "group_size": 2, "backend": "gloo"}
     proc = subprocess.run(torchrun(fbank, tmp_path, {**runs, "_test": {"epochs": 3}}, 2), capture_output=True,
