@@ -26,8 +26,8 @@ PARALLEL_TIMES = ("t_calc", "t_transmit", "t_merge", "t_wait", "bytes_per_step")
 #: the tune stage's figures (held-out utterances, the chosen decoder setting), as columns
 TUNED_COLUMNS = {"held_out_wer": "held-out WER %"}
 NNET_SIZES = ("preset", "hidden", "dim", "heads", "ffn_dim", "kernel", "layers", "context", "bidirectional",
-              "projection", "channels", "tdnn_dim", "tdnn_dilations", "subsampling", "units", "vocab_size",
-              "members", "combine")
+              "projection", "channels", "tdnn_dim", "tdnn_dilations", "subsampling", "multi_frame", "units",
+              "vocab_size", "members", "combine")
 
 
 @dataclass
@@ -64,18 +64,24 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     objective = params.get(f"{prefix}objective", "hybrid")
     sizes = [f"{k}={params[prefix + k]}" for k in NNET_SIZES if prefix + k in params
              and not (objective == "hybrid" and k in ("units", "vocab_size"))
-             and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))]
+             and not (k == "vocab_size" and params.get(prefix + "units") in ("char", "phone"))
+             and not (k == "multi_frame" and params[prefix + k] == "1")]
     if params.get("nnet.effective.train_data", "").endswith(SPEED_PERTURBED):
         objective += ", speed-perturbed data"
     objective += _mmi_label(params.get("nnet.effective.mmi", "{}"))
     init, low_rank = params.get("nnet.effective.init", "none"), params.get("nnet.effective.low_rank", "none")
     pruned = params.get("nnet.effective.prune", "none")
-    if init != "none":
+    if init != "none" and params.get("nnet.effective.epochs") == "0":  # a decoding variant
+        objective += f", {init} as trained"
+    elif init != "none":
         objective += (f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else
                       f", {float(pruned):.0%} pruned from {init}, fine-tuned" if pruned != "none" else
                       f", fine-tuned from {init}")
     if params.get("nnet.effective.teacher", "none") != "none":
         objective += f", taught by {params['nnet.effective.teacher']}"
+    decoding = {k.removeprefix(prefix + "decode."): v for k, v in params.items() if k.startswith(prefix + "decode.")}
+    if decoding:
+        objective += ", decoded with " + ", ".join(f"{k} {v}" for k, v in sorted(decoding.items()))
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
