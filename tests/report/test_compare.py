@@ -89,8 +89,9 @@ def test_a_decoding_variant_names_its_network_and_its_decoding() -> None:
     params = {"nnet.models.fast.type": "dnn", "nnet.models.fast.hidden": "384", "nnet.models.fast.multi_frame": "1",
               "nnet.models.fast.decode.frame_skip": "2", "nnet.effective.init": "dnn", "nnet.effective.epochs": "0"}
     runs = [_run("nnet-fast-train", 1, {"seconds": 0.0}, params),
-            _run("nnet-mf-train", 2, {"seconds": 9.0}, {"nnet.models.mf.type": "dnn", "nnet.models.mf.multi_frame": "3",
-                                                        "nnet.effective.init": "dnn", "nnet.effective.epochs": "2"})]
+            _run("nnet-mf-train", 2, {"seconds": 9.0},
+                 {"nnet.models.mf.type": "dnn", "nnet.models.mf.multi_frame": "3", "nnet.effective.init": "dnn",
+                  "nnet.effective.epochs": "2"})]
     header, body = table(system_rows(latest_by_stage(runs), ["fast", "mf"], ["test"]), ["test"])
     fast, mf = (dict(zip(header, line)) for line in body)
     assert fast["objective"] == "hybrid, dnn as trained, decoded with frame_skip 2" and "multi_frame" not in fast["sizes"]
