@@ -127,7 +127,7 @@ def test_config_checks_frame_skipping_multi_frame_and_decoding_variants() -> Non
     resolved = config({"dnn": dict(DNN), "mf": {**DNN, "init": "dnn", "multi_frame": 3},
                        "skip": {**DNN, "init": "dnn", "train": {"epochs": 0}, "decode": {"frame_skip": 2}}})
     assert decoding(resolved, "skip").frame_skip == 2 and decoding(resolved, "dnn").frame_skip == 1
-    assert decoding(resolved).batch_frames == 20000
+    assert decoding(resolved).batch_frames == 2000
     with pytest.raises(ConfigError, match="multi_frame"):
         config({"blstm": {"type": "lstm", "multi_frame": 2}})
     with pytest.raises(ConfigError, match="0 epochs needs init"):

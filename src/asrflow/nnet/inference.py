@@ -47,7 +47,7 @@ class Scoring:
 
     network: str
     frame_skip: int = 1
-    batch_frames: int = 20000
+    batch_frames: int = 2000
 
     def load(self) -> tuple[torch.nn.Module, dict]:
         """The network (cached per worker) and its ``final.pt`` header."""
