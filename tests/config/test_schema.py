@@ -165,3 +165,12 @@ def test_an_overlay_replaces_the_networks_and_checks_their_options(tmp_path: Pat
     typo.write_text("evaluation: {systems: [mono, lstn]}\n")
     with pytest.raises(ConfigError, match=r"'lstn' is neither.*did you mean 'lstm'"):
         load_config(REPO / "config/config.yaml", typo)
+
+
+def test_every_experiment_and_study_config_is_valid() -> None:
+    """Each experiment over the defaults, each study over the defaults or the experiment it names first."""
+    for experiment in sorted((REPO / "config/experiments").glob("*.yaml")):
+        load_config(REPO / "config/config.yaml", experiment)
+    for study in sorted((REPO / "config/studies").glob("*.yaml")):
+        base = REPO / "config/experiments" / f"{study.stem.split('_')[0]}.yaml"
+        load_config(REPO / "config/config.yaml", *([base] if base.is_file() else []), study)
