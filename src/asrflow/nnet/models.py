@@ -139,8 +139,10 @@ class CNN(nn.Module):
         for block in self.tdnn[: self.split]:
             y = hold_last(block(y), out_lengths, dim=2)
         y, start = at_anchors(y, self.every, training_phase(self.every, self.training), dim=2)
-        valid = anchor_lengths(out_lengths, self.every, start) if self.every > 1 else out_lengths
-        y = hold_last(y, valid, dim=2) if self.every > 1 else y  # padding anchors repeat the last one, as alone
+        valid = out_lengths
+        if self.every > 1:  # the padding anchors repeat the last valid one, as the utterance alone would
+            valid = anchor_lengths(out_lengths, self.every, start)
+            y = hold_last(y, valid, dim=2)
         for block in self.tdnn[self.split:]:
             y = hold_last(block(y), valid, dim=2)
         return full_rate(self.output(y.transpose(1, 2)), self.every, self.heads, start, frames), out_lengths

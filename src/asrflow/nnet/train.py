@@ -361,7 +361,7 @@ class _Run:
                                       self.device, opts.clip)
         frames = parallel.learner_frames(opts.max_frames, self.world)
         # which share of the batches this learner reads: a pipeline's stages all read every batch
-        self.reader = (0, 1) if getattr(self.strategy, "drives_steps", False) else (self.rank, self.world)
+        self.reader = (0, 1) if self.strategy.drives_steps else (self.rank, self.world)
         if opts.example_frames:
             context = frame_context(self.model)
             if context is None or objective != "hybrid":
@@ -502,7 +502,7 @@ class _Run:
         """
         batch = _to(batch, self.device)
         t1 = time.perf_counter()
-        if getattr(self.strategy, "drives_steps", False):  # pipelined: the strategy runs this stage's passes
+        if self.strategy.drives_steps:  # pipelined: the strategy runs this stage's passes
             with _autocast(self.device, self.opts.amp):
                 stats = self.strategy.train_step(batch, self.loss_fn)
             t2 = time.perf_counter()

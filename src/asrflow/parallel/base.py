@@ -71,6 +71,7 @@ class Strategy:
 
     name = "single"
     compressible = False
+    drives_steps = False  # True: the trainer hands each batch to train_step instead of running the passes itself
 
     def __init__(self, model: torch.nn.Module, optimiser: torch.optim.Optimizer, scheduler: Any,
                  opts: Parallel, rank: int, world: int, device: torch.device, clip: float) -> None:

@@ -229,8 +229,7 @@ class Pipeline(Strategy):
             self.optimiser.zero_grad(set_to_none=True)
             for name, p in self.stage.named_parameters():
                 p.grad = stash[name].grad
-            torch.nn.utils.clip_grad_norm_(self.stage.parameters(), self.clip)
-            self.optimiser.step()
+            self.apply_gradient()  # only this stage's parameters have gradients
 
     def _forget(self, fed_at: int) -> None:
         while self.fed and self.fed[0][0] <= fed_at:
