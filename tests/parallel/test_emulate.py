@@ -12,6 +12,7 @@ import torch
 from asrflow.config.settings import Training
 from asrflow.data.datadir import read_table
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset
+from asrflow.parallel import ParallelError
 from asrflow.parallel.emulate import STRATEGIES, EmulationResult, emulate
 
 from ..nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
@@ -59,7 +60,7 @@ def test_one_learner_is_plain_training_for_every_strategy(toy, tmp_path) -> None
     assert reference.steps == 2 * len(BucketBatchSampler(toy.lengths, 1200)) and reference.learners == 1
     summary = train(MODEL, _opts(2), toy, toy, 4, tmp_path, log=lambda *_: None)
     assert abs(summary["best_valid_loss"] - reference.valid_loss) < 1e-6  # the trainer itself (loss fell each epoch)
-    for strategy in ("ring", "kavg", "adpsgd", "asgd", "hierarchical"):
+    for strategy in ("ring", "kavg", "adpsgd", "asgd", "hierarchical", "pipeline"):
         result = _run(toy, strategy, 1, epochs=2)
         assert abs(result.valid_loss - reference.valid_loss) < 1e-6, strategy
         assert result.steps == reference.steps and result.valid_frame_accuracy == reference.valid_frame_accuracy
@@ -68,9 +69,11 @@ def test_one_learner_is_plain_training_for_every_strategy(toy, tmp_path) -> None
 def test_every_strategy_learns_with_two_learners(toy, two_learners) -> None:
     results, messages = two_learners
     steps = EPOCHS * len(BucketBatchSampler(toy.lengths, 600, 3, 0, 2))  # the batch is split over the two learners
+    whole = EPOCHS * len(BucketBatchSampler(toy.lengths, 1200, 3))  # a pipeline's stages read the same batches
     for strategy, result in results.items():
         assert result.valid_loss < 0.9 * CHANCE, (strategy, result)
-        assert result.steps == steps and result.epochs == EPOCHS and result.learners == 2
+        assert result.steps == (whole if strategy == "pipeline" else steps)
+        assert result.epochs == EPOCHS and result.learners == 2
         assert result.as_dict()["strategy"] == strategy and 0.3 < result.valid_frame_accuracy <= 1
     assert len({r.valid_loss for r in results.values()}) >= 4  # stale gradients and averaging change the path
     assert results["hierarchical"].valid_loss == results["allreduce"].valid_loss  # one group of two: all-reduce
@@ -118,3 +121,5 @@ def test_bad_settings_are_clear_errors(toy) -> None:
         _run(toy, "kavg", 2, k=0)
     with pytest.raises(ValueError, match="cannot give each of 1000 learners"):
         _run(toy, "ring", 1000)
+    with pytest.raises(ParallelError, match="3 stages for a network of 2 layers with weights"):
+        _run(toy, "pipeline", 3)

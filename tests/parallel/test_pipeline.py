@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from asrflow.config.settings import Parallel, Training
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import frame_cross_entropy
 from asrflow.parallel import ParallelError
+from asrflow.parallel.emulate import _Pipeline
 from asrflow.parallel.pipeline import _Stage, balance, layer_units, unit_costs
 from tests.nnet.helpers import free_port
 
@@ -25,8 +27,12 @@ def test_balance_minimises_the_heaviest_stage() -> None:
     assert balance([1, 1, 1, 6], 2) == [0, 3, 4]  # the heavy output layer alone
     assert balance([5, 1, 1, 1, 5], 3) == [0, 1, 4, 5]
     assert balance([3], 1) == [0, 1]
-    with pytest.raises(ParallelError, match="3 stages for a network of 2 layers"):
+    assert balance([0, 2, 2, 2, 2], 4) == [0, 2, 3, 4, 5]  # a unit without weights is never a stage of its own
+    assert balance([0, 1, 0, 5], 2) == [0, 3, 4]
+    with pytest.raises(ParallelError, match="3 stages for a network of 2 layers with weights"):
         balance([1, 1], 3)
+    with pytest.raises(ParallelError, match="3 stages for a network of 2 layers with weights"):
+        balance([0, 1, 1], 3)
 
 
 @pytest.mark.parametrize("config", [DNN, TDNN])
@@ -131,3 +137,21 @@ def test_two_stage_pipeline_matches_its_schedule_in_one_process(tmp_path: Path) 
     for name, value in reference.items():
         torch.testing.assert_close(saved["model"][name], value, rtol=1e-5, atol=1e-6, msg=name)
     assert not torch.equal(saved["model"]["output.weight"], _model().state_dict()["output.weight"])
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_the_emulated_pipeline_plays_the_same_schedule(stages: int) -> None:
+    """The convergence emulation's pipeline (one process, any stage count) against the two-stage schedule written
+    out by hand; three stages drain every batch and change every stage."""
+    opts = Training.defaults(lr=LR, weight_decay=0.01, schedule="newbob", warmup_steps=1, clip=1e9)
+    emulator = _Pipeline(_model(), stages, opts, Parallel.defaults(strategy="pipeline", stale_lr="none"))
+    losses = [emulator.round([batch]) for batch in _batches()]
+    emulator.end_epoch()
+    assert sum(value != value for value in losses) == stages - 1 and not emulator.flight and not emulator.fed
+    final = emulator.model().state_dict()
+    if stages == 2:
+        reference = _reference(balance(unit_costs(layer_units(_model())), 2))
+        for name, value in reference.items():
+            torch.testing.assert_close(final[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    initial = _model().state_dict()
+    assert all(not torch.equal(final[name], initial[name]) for name in initial)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -143,6 +144,11 @@ def test_a_global_batch_is_split_over_the_learners_and_sequential_updates_scale_
     assert Parallel.defaults(strategy="asgd", stale_lr="linear").lr_factor(4) == 0.25
     assert Parallel.defaults(strategy="kavg", stale_lr="linear").lr_factor(4) == 1.0
     assert Parallel.defaults(strategy="ring", stale_lr="linear", batch="learner").lr_factor(4) == 1.0
+    assert Parallel.defaults(strategy="ring", stale_lr="none").lr_factor(4) == 1.0
+    pipeline = Parallel.defaults(strategy="pipeline", stale_lr="linear")  # stage s: 2 (P - 1 - s) updates stale
+    assert [pipeline.lr_factor(3, s) for s in range(3)] == [0.2, pytest.approx(1 / 3), 1.0]
+    assert Parallel.defaults(strategy="pipeline").lr_factor(2, 0) == pytest.approx(1 / math.sqrt(3))
+    assert Parallel.defaults(strategy="pipeline", stale_lr="none").lr_factor(2, 0) == 1.0
 
 
 def test_pipeline_speedup_is_the_slowest_stage_and_the_bubble() -> None:

@@ -165,7 +165,7 @@ class Parallel(Settings):
     compression: str  # none | 1bit | 8bit (allreduce, ring, kavg)
     timeout: float  # seconds any wait on another learner may take before the job fails
     batch: str  # global: max_frames is one update's batch, split over the learners; learner: each reads it
-    stale_lr: str  # ring/asgd with batch global: lr / sqrt(P) (sqrt) or lr / P (linear)
+    stale_lr: str  # ring/asgd with batch global: lr / sqrt(P) (sqrt), lr / P (linear); pipeline: by stage; none
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
@@ -189,16 +189,24 @@ class Parallel(Settings):
             return max_frames
         return max(1, max_frames // world)
 
-    def lr_factor(self, world: int) -> float:
-        """Learning-rate factor when ring or asgd update with ``1/P`` of the batch, else 1.
+    def lr_factor(self, world: int, rank: int = 0) -> float:
+        """Learning-rate factor of learner ``rank`` for stale updates, else 1.
 
-        ``stale_lr: sqrt``: ``1/sqrt(P)`` (Adam's square-root scaling rule for a smaller
-        batch); ``linear``: ``1/P``, which also damps the staleness of their updates (a
-        gradient is ``P - 1`` updates old when it is applied).
+        Ring and asgd with ``batch: global`` update with ``1/P`` of the batch: ``stale_lr: sqrt`` gives
+        ``1/sqrt(P)`` (Adam's square-root scaling rule for a smaller batch), ``linear`` ``1/P``, which also
+        damps the staleness of their updates (a gradient is ``P - 1`` updates old when it is applied).
+        A pipeline's stage ``rank`` applies gradients ``d = 2 (P - 1 - rank)`` updates old: ``1/sqrt(1 + d)``
+        or ``1/(1 + d)`` (the last stage's are fresh). ``none``: 1 everywhere.
         """
-        if world > 1 and self.batch == "global" and self.strategy in SEQUENTIAL:
-            return 1.0 / (world if self.stale_lr == "linear" else math.sqrt(world))
-        return 1.0
+        if world == 1 or self.stale_lr == "none":
+            return 1.0
+        if self.strategy == "pipeline":
+            stale = 1 + 2 * (world - 1 - rank)
+        elif self.batch == "global" and self.strategy in SEQUENTIAL:
+            stale = world
+        else:
+            return 1.0
+        return 1.0 / (stale if self.stale_lr == "linear" else math.sqrt(stale))
 
     def schedule_ticks(self, world: int, server: bool = False) -> float:
         """Scheduler steps per ``max_frames`` of data read by all learners together.

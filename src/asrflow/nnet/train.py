@@ -353,7 +353,8 @@ class _Run:
             torch.use_deterministic_algorithms(True)
         self.model = self._model(model_config, num_classes, init)
         torch.manual_seed(opts.seed + 7919 * self.rank)  # same initial model everywhere; own dropout masks per learner
-        self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=opts.lr * parallel.lr_factor(self.world),
+        lr = opts.lr * parallel.lr_factor(self.world, self.rank)  # a pipeline's stages differ
+        self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lr,
                                            weight_decay=opts.weight_decay, fused=self.device.type == "cuda")
         self.schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(self.world))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)

@@ -8,8 +8,9 @@ frame accuracy after a fixed number of epochs can be compared across strategies 
 
 Learners act in lock-step rounds; within a round in rank order 0..n-1. Learner r reads the
 batches ``BucketBatchSampler(lengths, max_frames, seed, rank=r, world=n)`` gives it, the same
-as under ``torchrun``. Every learner has its own AdamW, learning-rate schedule (stepped once
-per step it applies) and gradient clipping; with one learner every strategy is plain training.
+as under ``torchrun``; a pipeline's stages all read the one-learner batches, one per round (a tick).
+Every learner has its own AdamW, learning-rate schedule (stepped once per step it applies) and
+gradient clipping; with one learner every strategy is plain training.
 Only parameters are exchanged (as in :mod:`asrflow.parallel.base`); buffers stay per model.
 No mixed precision: the emulation runs in float32 on ``device``.
 """
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch.func import functional_call
 
 from asrflow.config.settings import Parallel, Training
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
@@ -32,9 +34,10 @@ from asrflow.nnet.train import Schedule, evaluate, newbob_update
 from asrflow.parallel import overlap_conflict
 from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
+from asrflow.parallel.pipeline import _Stage, balance, layer_units, unit_costs
 from asrflow.parallel.topology import pairs
 
-STRATEGIES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd")
+STRATEGIES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd", "pipeline")
 COMPRESSIBLE = ("allreduce", "ring", "kavg")  # the strategies that can compress what they send
 
 _LOSS = OBJECTIVES["hybrid"]
@@ -295,6 +298,81 @@ class _ASGD(_Emulator):
         return sum(losses) / len(losses)
 
 
+class _Pipeline(_Emulator):
+    """Pipelined back-propagation over ``n`` stages (:class:`asrflow.parallel.pipeline.Pipeline`), tick by tick.
+
+    One batch is fed per round. At tick t, stage s runs the forward pass of the batch fed at t - s on its
+    current weights (its input is what stage s - 1 computed at the tick before); the last stage computes the
+    loss, back-propagates and updates at once; stage s < n - 1 back-propagates the batch fed at
+    t - 2 (n - 1) + s, 2 (n - 1 - s) ticks after its forward pass, through the weights of that forward pass
+    (with the gradient stage s + 1 computed at the tick before) and updates. Every stage has its own AdamW,
+    schedule and gradient clipping.
+    """
+
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, rule: Parallel) -> None:
+        self.network = copy.deepcopy(initial)
+        units = layer_units(self.network)  # sharing the network's modules
+        bounds = balance(unit_costs(units), n)
+        self.stages = [_Stage(units[bounds[s]:bounds[s + 1]]) for s in range(n)]
+        self.learners = [_Learner(stage, dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(n, s)),
+                                  rule.schedule_ticks(n)) for s, stage in enumerate(self.stages)]
+        self.tick = 0
+        self.fed: dict[int, dict] = {}  # batches by the tick they were fed at
+        self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # (stage, batch tick): its input activations
+        self.grads: dict[tuple[int, int], torch.Tensor] = {}  # (stage, batch tick): the gradient of its output
+        self.flight: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = {}
+
+    def round(self, batches: list[dict]) -> float:
+        self.fed[self.tick] = batches[0]
+        return self._tick()
+
+    def _tick(self) -> float:
+        """One tick of every stage; returns the loss of the batch the last stage saw (nan while filling)."""
+        t, last = self.tick, len(self.stages) - 1
+        inputs, grads, loss = {}, {}, float("nan")
+        for s, stage in enumerate(self.stages):
+            if (b := t - s) in self.fed:
+                batch = self.fed[b]
+                x = (batch["feats"] if s == 0 else self.inputs.pop((s, b))).detach().requires_grad_(s > 0)
+                stash = {name: p.detach().clone().requires_grad_() for name, p in stage.named_parameters()}
+                y = functional_call(stage, stash, (x, batch["lengths"]))
+                if s < last:
+                    inputs[(s + 1, b)], self.flight[(s, b)] = y.detach(), (x, y, stash)
+                else:
+                    value, _ = _LOSS(y, batch["lengths"], batch)
+                    value.backward()
+                    loss = float(value.detach())
+                    self._update(s, stash)
+                    if s > 0:
+                        grads[(s - 1, b)] = x.grad
+            if s < last and (key := (s, t - 2 * last + s)) in self.flight:
+                x, y, stash = self.flight.pop(key)
+                y.backward(self.grads.pop(key))
+                self._update(s, stash)
+                if s > 0:
+                    grads[(s - 1, key[1])] = x.grad
+        self.inputs.update(inputs)
+        self.grads.update(grads)
+        self.fed = {b: batch for b, batch in self.fed.items() if b > t - 2 * last}
+        self.tick += 1
+        return loss
+
+    def _update(self, s: int, stash: dict[str, torch.Tensor]) -> None:
+        learner = self.learners[s]
+        learner.optimiser.zero_grad(set_to_none=True)
+        for name, p in self.stages[s].named_parameters():
+            p.grad = stash[name].grad
+        learner.step()
+
+    def end_epoch(self) -> None:
+        """Drain: tick without new batches until every stage has back-propagated every batch."""
+        while self.fed:
+            self._tick()
+
+    def model(self) -> torch.nn.Module:
+        return self.network
+
+
 def _check(strategy: str, learners: int, k: int, group_size: int, compression: str, train_set: FeatureDataset,
            overlap: bool = False) -> None:
     if strategy not in STRATEGIES:
@@ -328,6 +406,8 @@ def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: Training, k
         return _ADPSGD(initial, n, opts, ticks=ticks)
     if strategy == "hierarchical":
         return _ADPSGD(initial, n, opts, group_size if n > 1 else 1, ticks)
+    if strategy == "pipeline":
+        return _Pipeline(initial, n, opts, rule)
     return _ASGD(initial, n, opts, rule.schedule_ticks(n, server=True))
 
 
@@ -356,18 +436,21 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     (must divide ``learners``); ``compression`` (``none``, ``1bit``, ``8bit``) applies to allreduce,
     ring and kavg only; ``batch`` splits ``opts.max_frames`` over the learners as the trainer does
     (:meth:`asrflow.config.settings.Parallel.learner_frames`) and ``stale_lr`` scales the
-    ring's and asgd's rate as it does (:meth:`~asrflow.config.settings.Parallel.lr_factor`).
+    ring's, asgd's and a pipeline's stages' rates as it does (:meth:`~asrflow.config.settings.Parallel.lr_factor`).
     The held-out set is evaluated after every epoch (logged; the newbob schedule
     reacts to it as in training). ``overlap`` takes kavg's averages in one step late, as the trainer's
-    ``nnet.parallel.overlap`` does.
+    ``nnet.parallel.overlap`` does. With ``pipeline`` the learners are the stages of one network (a feed-forward
+    hybrid with at least as many layers), fed one ``max_frames`` batch per tick.
     """
     _check(strategy, learners, k, group_size, compression, train_set, overlap)
     rule = Parallel.defaults(strategy=strategy, batch=batch, stale_lr=stale_lr)
     frames = rule.learner_frames(opts.max_frames, learners)
-    opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))
-    samplers = [BucketBatchSampler(train_set.lengths, frames, opts.seed, rank, learners)
-                for rank in range(learners)]
-    if len(samplers[0].batches) < learners:
+    if strategy != "pipeline":  # whose stages' rates differ
+        opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))
+    readers = 1 if strategy == "pipeline" else learners  # a pipeline's stages read the same batches
+    samplers = [BucketBatchSampler(train_set.lengths, frames, opts.seed, rank, readers)
+                for rank in range(readers)]
+    if len(samplers[0].batches) < readers:
         raise ValueError(f"{len(samplers[0].batches)} batches of at most {opts.max_frames} frames cannot give "
                          f"each of {learners} learners one")
     device = torch.device(device)
@@ -380,9 +463,10 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
         for sampler in samplers:
             sampler.set_epoch(epoch)
         per_rank = [sampler.epoch_batches() for sampler in samplers]
-        losses = [emulator.round([_batch(train_set, per_rank[r][t], opts, device) for r in range(learners)])
+        losses = [emulator.round([_batch(train_set, per_rank[r][t], opts, device) for r in range(readers)])
                   for t in range(len(per_rank[0]))]
         steps += len(losses)
+        losses = [value for value in losses if value == value] or [float("nan")]  # a pipeline filling: none
         emulator.end_epoch()
         valid_loss, valid_acc = _held_out(emulator.model(), valid_set, opts, device)
         log(f"{strategy} x{learners} epoch {epoch}: training loss {sum(losses) / len(losses):.4f}, "

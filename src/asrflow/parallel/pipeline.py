@@ -73,15 +73,18 @@ def unit_costs(units: list[Unit]) -> list[int]:
 
 def balance(costs: list[int], stages: int) -> list[int]:
     """Boundaries ``b`` (``stages + 1`` of them, ``b[0] = 0``, ``b[-1] = len(costs)``) cutting ``costs`` into
-    consecutive non-empty groups whose largest sum is as small as possible (ties: the earlier cut)."""
-    n = len(costs)
+    consecutive groups, each with at least one unit of positive cost, whose largest sum is as small as possible
+    (ties: the earlier cut). A unit without weights (a DNN's splicing) joins the group of the unit before it,
+    or the first group."""
+    weighted = [i for i, c in enumerate(costs) if c > 0]
+    n = len(weighted)
     if not 1 <= stages <= n:
-        raise ParallelError(f"strategy pipeline: {stages} stages for a network of {n} layers")
+        raise ParallelError(f"strategy pipeline: {stages} stages for a network of {n} layers with weights")
     prefix = [0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+    for i in weighted:
+        prefix.append(prefix[-1] + costs[i])
     inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[k][i]: first i units in k groups
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[k][i]: first i weighted units in k groups
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
     best[0][0] = 0
     for k in range(1, stages + 1):
@@ -93,7 +96,7 @@ def balance(costs: list[int], stages: int) -> list[int]:
     bounds = [n]
     for k in range(stages, 0, -1):
         bounds.append(cut[k][bounds[-1]])
-    return bounds[::-1]
+    return [0, *(weighted[b] for b in bounds[::-1][1:-1]), len(costs)]
 
 
 class _Stage(nn.Module):
