@@ -65,7 +65,7 @@ def _model() -> torch.nn.Module:
     return build_model(DNN, 6, CLASSES)
 
 
-def _learner(rank: int, port: int, out: str) -> None:
+def _learner(rank: int, port: int, out: str, predict: bool) -> None:
     import torch.distributed as dist
 
     from asrflow.config.settings import Parallel
@@ -75,8 +75,8 @@ def _learner(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     model = _model()
     optimiser = torch.optim.AdamW(model.parameters(), lr=LR)
-    pipeline = Pipeline(model, optimiser, None, Parallel.defaults(strategy="pipeline", learners=2, timeout=60), rank,
-                        2, torch.device("cpu"), clip=1e9)
+    rule = Parallel.defaults(strategy="pipeline", learners=2, timeout=60, predict_weights=predict)
+    pipeline = Pipeline(model, optimiser, None, rule, rank, 2, torch.device("cpu"), clip=1e9)
     losses = []
     for batch in _batches():
         losses.append(pipeline.train_step(batch, frame_cross_entropy).count)
@@ -122,18 +122,31 @@ def _reference(bounds: list[int]) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def test_two_stage_pipeline_matches_its_schedule_in_one_process(tmp_path: Path) -> None:
+def _emulated(stages: int, predict: bool = False) -> dict[str, torch.Tensor]:
+    """The final weights of the convergence emulation's pipeline on the same batches."""
+    opts = Training.defaults(lr=LR, weight_decay=0.01, schedule="newbob", warmup_steps=1, clip=1e9)
+    rule = Parallel.defaults(strategy="pipeline", stale_lr="none", predict_weights=predict)
+    emulator = _Pipeline(_model(), stages, opts, rule)
+    losses = [emulator.round([batch]) for batch in _batches()]
+    emulator.end_epoch()
+    assert sum(value != value for value in losses) == stages - 1 and not emulator.flight and not emulator.fed
+    return emulator.model().state_dict()
+
+
+@pytest.mark.parametrize("predict", [False, True])
+def test_two_stage_pipeline_matches_its_schedule_in_one_process(tmp_path: Path, predict: bool) -> None:
     """Each stage updates as its gradients arrive, stage 0 two batches late, through the weights that ran its
-    forward pass: the learners' final weights are the one-process schedule's."""
+    forward pass: the learners' final weights are the one-process schedule's (written out by hand; with weight
+    prediction the emulation's, which matches the hand-written schedule without)."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "pipeline.pt"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_learner, args=(free_port(), str(out)), nprocs=2, start_method="spawn", join=True)
+    mp.start_processes(_learner, args=(free_port(), str(out), predict), nprocs=2, start_method="spawn", join=True)
     saved = torch.load(out, weights_only=True)
     assert saved["bounds"][0] == 0 and saved["bounds"][-1] == len(layer_units(_model()))
     assert saved["counts"][:2] == [0, 0] and all(c > 0 for c in saved["counts"][2:])  # stage 0 hears losses late
-    reference = _reference(saved["bounds"])
+    reference = _emulated(2, predict=True) if predict else _reference(saved["bounds"])
     for name, value in reference.items():
         torch.testing.assert_close(saved["model"][name], value, rtol=1e-5, atol=1e-6, msg=name)
     assert not torch.equal(saved["model"]["output.weight"], _model().state_dict()["output.weight"])
@@ -142,16 +155,13 @@ def test_two_stage_pipeline_matches_its_schedule_in_one_process(tmp_path: Path) 
 @pytest.mark.parametrize("stages", [2, 3])
 def test_the_emulated_pipeline_plays_the_same_schedule(stages: int) -> None:
     """The convergence emulation's pipeline (one process, any stage count) against the two-stage schedule written
-    out by hand; three stages drain every batch and change every stage."""
-    opts = Training.defaults(lr=LR, weight_decay=0.01, schedule="newbob", warmup_steps=1, clip=1e9)
-    emulator = _Pipeline(_model(), stages, opts, Parallel.defaults(strategy="pipeline", stale_lr="none"))
-    losses = [emulator.round([batch]) for batch in _batches()]
-    emulator.end_epoch()
-    assert sum(value != value for value in losses) == stages - 1 and not emulator.flight and not emulator.fed
-    final = emulator.model().state_dict()
+    out by hand; three stages drain every batch and change every stage; weight prediction changes the path."""
+    final = _emulated(stages)
     if stages == 2:
         reference = _reference(balance(unit_costs(layer_units(_model())), 2))
         for name, value in reference.items():
             torch.testing.assert_close(final[name], value, rtol=1e-5, atol=1e-6, msg=name)
     initial = _model().state_dict()
     assert all(not torch.equal(final[name], initial[name]) for name in initial)
+    predicted = _emulated(stages, predict=True)
+    assert not torch.allclose(predicted["body.0.weight"], final["body.0.weight"])  # the first stage predicts

@@ -166,6 +166,7 @@ class Parallel(Settings):
     timeout: float  # seconds any wait on another learner may take before the job fails
     batch: str  # global: max_frames is one update's batch, split over the learners; learner: each reads it
     stale_lr: str  # ring/asgd with batch global: lr / sqrt(P) (sqrt), lr / P (linear); pipeline: by stage; none
+    predict_weights: bool  # pipeline: forward on the weights extrapolated by the last update times the staleness
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:

@@ -34,7 +34,7 @@ from asrflow.nnet.train import Schedule, evaluate, newbob_update
 from asrflow.parallel import overlap_conflict
 from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
-from asrflow.parallel.pipeline import _Stage, balance, layer_units, unit_costs
+from asrflow.parallel.pipeline import _Stage, balance, layer_units, stashed_weights, unit_costs
 from asrflow.parallel.topology import pairs
 
 STRATEGIES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd", "pipeline")
@@ -306,7 +306,7 @@ class _Pipeline(_Emulator):
     loss, back-propagates and updates at once; stage s < n - 1 back-propagates the batch fed at
     t - 2 (n - 1) + s, 2 (n - 1 - s) ticks after its forward pass, through the weights of that forward pass
     (with the gradient stage s + 1 computed at the tick before) and updates. Every stage has its own AdamW,
-    schedule and gradient clipping.
+    schedule and gradient clipping, and its own rate and weight prediction as ``rule`` says.
     """
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: Training, rule: Parallel) -> None:
@@ -316,6 +316,9 @@ class _Pipeline(_Emulator):
         self.stages = [_Stage(units[bounds[s]:bounds[s + 1]]) for s in range(n)]
         self.learners = [_Learner(stage, dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(n, s)),
                                   rule.schedule_ticks(n)) for s, stage in enumerate(self.stages)]
+        self.stale = [2 * (n - 1 - s) for s in range(n)]
+        self.deltas = [{name: torch.zeros_like(p) for name, p in stage.named_parameters()}
+                       if rule.predict_weights and self.stale[s] else None for s, stage in enumerate(self.stages)]
         self.tick = 0
         self.fed: dict[int, dict] = {}  # batches by the tick they were fed at
         self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # (stage, batch tick): its input activations
@@ -334,7 +337,7 @@ class _Pipeline(_Emulator):
             if (b := t - s) in self.fed:
                 batch = self.fed[b]
                 x = (batch["feats"] if s == 0 else self.inputs.pop((s, b))).detach().requires_grad_(s > 0)
-                stash = {name: p.detach().clone().requires_grad_() for name, p in stage.named_parameters()}
+                stash = stashed_weights(stage, self.deltas[s], self.stale[s])
                 y = functional_call(stage, stash, (x, batch["lengths"]))
                 if s < last:
                     inputs[(s + 1, b)], self.flight[(s, b)] = y.detach(), (x, y, stash)
@@ -358,11 +361,14 @@ class _Pipeline(_Emulator):
         return loss
 
     def _update(self, s: int, stash: dict[str, torch.Tensor]) -> None:
-        learner = self.learners[s]
+        learner, delta = self.learners[s], self.deltas[s]
         learner.optimiser.zero_grad(set_to_none=True)
         for name, p in self.stages[s].named_parameters():
             p.grad = stash[name].grad
+        before = {name: p.detach().clone() for name, p in self.stages[s].named_parameters()} if delta else {}
         learner.step()
+        for name, p in self.stages[s].named_parameters() if delta else ():
+            delta[name] = p.detach() - before[name]
 
     def end_epoch(self) -> None:
         """Drain: tick without new batches until every stage has back-propagated every batch."""
@@ -428,7 +434,8 @@ def _held_out(model: torch.nn.Module, valid_set: FeatureDataset, opts: Training,
 def emulate(strategy: str, learners: int, model_config: dict, train_set: FeatureDataset, valid_set: FeatureDataset,
             num_classes: int, opts: Training, k: int = 4, group_size: int = 2, compression: str = "none",
             log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu",
-            batch: str = "global", stale_lr: str = "sqrt", overlap: bool = False) -> EmulationResult:
+            batch: str = "global", stale_lr: str = "sqrt", overlap: bool = False,
+            predict_weights: bool = False) -> EmulationResult:
     """Train ``learners`` virtual learners with ``strategy`` for ``opts.epochs`` epochs (no early stopping)
     and return the final model's held-out loss and frame accuracy on ``valid_set``.
 
@@ -440,10 +447,11 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     The held-out set is evaluated after every epoch (logged; the newbob schedule
     reacts to it as in training). ``overlap`` takes kavg's averages in one step late, as the trainer's
     ``nnet.parallel.overlap`` does. With ``pipeline`` the learners are the stages of one network (a feed-forward
-    hybrid with at least as many layers), fed one ``max_frames`` batch per tick.
+    hybrid with at least as many layers with weights), fed one ``max_frames`` batch per tick, with
+    ``predict_weights`` as the trainer's ``nnet.parallel.predict_weights``.
     """
     _check(strategy, learners, k, group_size, compression, train_set, overlap)
-    rule = Parallel.defaults(strategy=strategy, batch=batch, stale_lr=stale_lr)
+    rule = Parallel.defaults(strategy=strategy, batch=batch, stale_lr=stale_lr, predict_weights=predict_weights)
     frames = rule.learner_frames(opts.max_frames, learners)
     if strategy != "pipeline":  # whose stages' rates differ
         opts = dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(learners))

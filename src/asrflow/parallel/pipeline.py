@@ -14,6 +14,10 @@ frame are as even as the layers allow (:func:`balance`; the output layer is ofte
 Starting the pipeline costs ``S − 1`` ticks, draining it ``S − 1`` more for the backward passes; it is
 drained at the end of every epoch (then every learner takes every stage's weights, so held-out
 evaluation, checkpoints and ``final.pt`` see the whole network) and before a mid-epoch checkpoint.
+
+With ``predict_weights`` a stage whose gradients are ``d`` updates stale runs each forward pass on its weights
+extrapolated to when that gradient will be applied, ``w + d Δw`` with ``Δw`` its last update (weight
+prediction), and stashes those: the gradient is taken where the weights are expected to be, not where they were.
 Feed-forward hybrids only (DNN, CNN-TDNN without subsampling or multi-frame outputs).
 """
 
@@ -99,6 +103,14 @@ def balance(costs: list[int], stages: int) -> list[int]:
     return [0, *(weighted[b] for b in bounds[::-1][1:-1]), len(costs)]
 
 
+def stashed_weights(stage: nn.Module, delta: dict[str, torch.Tensor] | None, stale: int) -> dict[str, torch.Tensor]:
+    """Copies of ``stage``'s parameters for one forward pass and its backward pass, requiring gradients:
+    as they are, or extrapolated by ``stale`` times the last update ``delta`` (weight prediction)."""
+    if not delta:
+        return {name: p.detach().clone().requires_grad_() for name, p in stage.named_parameters()}
+    return {name: (p.detach() + stale * delta[name]).requires_grad_() for name, p in stage.named_parameters()}
+
+
 class _Stage(nn.Module):
     """Consecutive units run one after the other."""
 
@@ -140,6 +152,10 @@ class Pipeline(Strategy):
         self.latest = -1  # the tick the latest batch was fed at (the same on every learner)
         self.loss_fn: Any = None
         self.last = rank == world - 1
+        self.stale = 2 * (world - 1 - rank)  # updates between a batch's forward pass here and its update
+        self.delta: dict[str, torch.Tensor] | None = (  # this stage's last update, for weight prediction
+            {name: torch.zeros_like(p) for name, p in self.stage.named_parameters()}
+            if opts.predict_weights and self.stale else None)
 
     # --- messages between neighbouring stages ------------------------------------------------
     def _send(self, tensor: torch.Tensor, peer: int) -> None:
@@ -194,7 +210,7 @@ class Pipeline(Strategy):
         lengths = batch["lengths"]
         x = batch["feats"] if self.rank == 0 else self._recv(self.rank - 1, "the activations of the stage before")
         x = x.detach().requires_grad_(self.rank > 0)
-        stash = {name: p.detach().clone().requires_grad_() for name, p in self.stage.named_parameters()}
+        stash = stashed_weights(self.stage, self.delta, self.stale)
         y = functional_call(self.stage, stash, (x, lengths))
         if not self.last:
             self._send(y, self.rank + 1)
@@ -232,7 +248,10 @@ class Pipeline(Strategy):
             self.optimiser.zero_grad(set_to_none=True)
             for name, p in self.stage.named_parameters():
                 p.grad = stash[name].grad
+            before = {name: p.detach().clone() for name, p in self.stage.named_parameters()} if self.delta else {}
             self.apply_gradient()  # only this stage's parameters have gradients
+            for name, p in self.stage.named_parameters() if self.delta else ():
+                self.delta[name] = p.detach() - before[name]
 
     def _forget(self, fed_at: int) -> None:
         while self.fed and self.fed[0][0] <= fed_at:
@@ -248,6 +267,14 @@ class Pipeline(Strategy):
 
     def quiesce(self) -> None:
         self.drain()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **({"delta": self.delta} if self.delta else {})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.delta and "delta" in state:
+            self.delta = {name: value.to(self.device) for name, value in state["delta"].items()}
 
     def synchronise(self) -> None:
         """Drain, then every learner takes each stage's weights and buffers from the learner that trains it."""

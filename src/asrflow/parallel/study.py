@@ -66,7 +66,7 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
                   log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Held-out frame accuracy after ``epochs`` epochs vs virtual learner count, per strategy (and compression).
 
-    ``nnet.parallel`` gives kavg's ``k`` and ``overlap``, ``batch`` and ``stale_lr``.
+    ``nnet.parallel`` gives kavg's ``k`` and ``overlap``, ``batch``, ``stale_lr`` and ``predict_weights``.
     """
     from asrflow.config.paths import Paths
     from asrflow.nnet.stage import train_options, training_data
@@ -93,10 +93,13 @@ def emulated_rows(config: dict[str, Any], system: str, train: str, data: str, fe
                 else:
                     result = emulate(strategy, n, model, train_set, valid_set, targets.num_classes, opts,
                                      k=parallel["k"], group_size=group, compression=compression,
-                                     batch=parallel["batch"], stale_lr=parallel["stale_lr"], overlap=overlap)
+                                     batch=parallel["batch"], stale_lr=parallel["stale_lr"], overlap=overlap,
+                                     predict_weights=parallel["predict_weights"])
                     single = result if n == 1 else single
                 row = {**result.as_dict(), "strategy": strategy, "compression": compression, "source": "emulated",
-                       **({"overlap": overlap} if strategy == "kavg" else {})}
+                       **({"overlap": overlap} if strategy == "kavg" else {}),
+                       **({"stale_lr": parallel["stale_lr"], "predict_weights": parallel["predict_weights"]}
+                          if strategy == "pipeline" else {})}
                 log(json.dumps(row))
                 rows.append(row)
     return rows
