@@ -435,7 +435,7 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
             num_classes: int, opts: Training, k: int = 4, group_size: int = 2, compression: str = "none",
             log: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu",
             batch: str = "global", stale_lr: str = "sqrt", overlap: bool = False,
-            predict_weights: bool = False) -> EmulationResult:
+            predict_weights: bool = True) -> EmulationResult:
     """Train ``learners`` virtual learners with ``strategy`` for ``opts.epochs`` epochs (no early stopping)
     and return the final model's held-out loss and frame accuracy on ``valid_set``.
 
