@@ -34,7 +34,15 @@ from asrflow.nnet.train import Schedule, evaluate, newbob_update
 from asrflow.parallel import overlap_conflict
 from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
-from asrflow.parallel.pipeline import _Stage, balance, layer_units, stashed_weights, unit_costs
+from asrflow.parallel.pipeline import (
+    _Stage,
+    balance,
+    layer_units,
+    staleness,
+    stashed_weights,
+    step_recording,
+    unit_costs,
+)
 from asrflow.parallel.topology import pairs
 
 STRATEGIES = ("allreduce", "ring", "kavg", "adpsgd", "hierarchical", "asgd", "pipeline")
@@ -316,7 +324,7 @@ class _Pipeline(_Emulator):
         self.stages = [_Stage(units[bounds[s]:bounds[s + 1]]) for s in range(n)]
         self.learners = [_Learner(stage, dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(n, s)),
                                   rule.schedule_ticks(n)) for s, stage in enumerate(self.stages)]
-        self.stale = [2 * (n - 1 - s) for s in range(n)]
+        self.stale = [staleness(n, s) for s in range(n)]
         self.deltas = [{name: torch.zeros_like(p) for name, p in stage.named_parameters()}
                        if rule.predict_weights and self.stale[s] else None for s, stage in enumerate(self.stages)]
         self.tick = 0
@@ -365,10 +373,7 @@ class _Pipeline(_Emulator):
         learner.optimiser.zero_grad(set_to_none=True)
         for name, p in self.stages[s].named_parameters():
             p.grad = stash[name].grad
-        before = {name: p.detach().clone() for name, p in self.stages[s].named_parameters()} if delta else {}
-        learner.step()
-        for name, p in self.stages[s].named_parameters() if delta else ():
-            delta[name] = p.detach() - before[name]
+        step_recording(self.stages[s], delta, learner.step)
 
     def end_epoch(self) -> None:
         """Drain: tick without new batches until every stage has back-propagated every batch."""

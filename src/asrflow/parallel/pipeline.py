@@ -111,6 +111,19 @@ def stashed_weights(stage: nn.Module, delta: dict[str, torch.Tensor] | None, sta
     return {name: (p.detach() + stale * delta[name]).requires_grad_() for name, p in stage.named_parameters()}
 
 
+def staleness(stages: int, stage: int) -> int:
+    """Updates between a batch's forward pass in ``stage`` and the update its gradient makes there."""
+    return 2 * (stages - 1 - stage)
+
+
+def step_recording(stage: nn.Module, delta: dict[str, torch.Tensor] | None, step: Any) -> None:
+    """Run ``step()`` (an optimiser step on ``stage``'s gradients); with ``delta``, store the update it made."""
+    before = {name: p.detach().clone() for name, p in stage.named_parameters()} if delta else {}
+    step()
+    for name, p in stage.named_parameters() if delta else ():
+        delta[name] = p.detach() - before[name]
+
+
 class _Stage(nn.Module):
     """Consecutive units run one after the other."""
 
@@ -152,7 +165,7 @@ class Pipeline(Strategy):
         self.latest = -1  # the tick the latest batch was fed at (the same on every learner)
         self.loss_fn: Any = None
         self.last = rank == world - 1
-        self.stale = 2 * (world - 1 - rank)  # updates between a batch's forward pass here and its update
+        self.stale = staleness(world, rank)
         self.delta: dict[str, torch.Tensor] | None = (  # this stage's last update, for weight prediction
             {name: torch.zeros_like(p) for name, p in self.stage.named_parameters()}
             if opts.predict_weights and self.stale else None)
@@ -248,10 +261,7 @@ class Pipeline(Strategy):
             self.optimiser.zero_grad(set_to_none=True)
             for name, p in self.stage.named_parameters():
                 p.grad = stash[name].grad
-            before = {name: p.detach().clone() for name, p in self.stage.named_parameters()} if self.delta else {}
-            self.apply_gradient()  # only this stage's parameters have gradients
-            for name, p in self.stage.named_parameters() if self.delta else ():
-                self.delta[name] = p.detach() - before[name]
+            step_recording(self.stage, self.delta, self.apply_gradient)  # only this stage's parameters have gradients
 
     def _forget(self, fed_at: int) -> None:
         while self.fed and self.fed[0][0] <= fed_at:
