@@ -53,6 +53,14 @@ def test_defaults_come_from_the_schema() -> None:
     assert Parallel.defaults().strategy == schema_defaults("nnet.parallel")["strategy"]
     with pytest.raises(ParallelError, match="unknown parallel strategy 'gossip'"):
         Parallel.defaults(strategy="gossip")
+    # a pipeline's stages: one learner each, so learners follows them
+    assert Parallel.defaults(strategy="pipeline", stages=3).learners == 3
+    assert Parallel.defaults(strategy="pipeline", stages=2, learners=2).learners == 2
+    assert Parallel.defaults(strategy="pipeline", learners=2).stages is None
+    with pytest.raises(ParallelError, match="stages is 2 but learners is 4: a pipeline runs one learner per stage"):
+        Parallel.defaults(strategy="pipeline", stages=2, learners=4)
+    with pytest.raises(ParallelError, match="stages is for the pipeline strategy, not ring; set learners"):
+        Parallel.defaults(strategy="ring", stages=2)
     with pytest.raises(ConfigError, match="unknown settings colour"):
         Training.defaults(colour="red")
 

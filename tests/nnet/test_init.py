@@ -51,14 +51,16 @@ def test_a_fine_tuned_network_waits_for_the_one_it_starts_from() -> None:
     assert "init" not in nnet_inputs(config, "train", "ce")
 
 
-def _train(root: Path, labels: dict, out: str, lr: float, init: dict | None = None, epochs: int = 3) -> dict:
+def _train(root: Path, labels: dict, out: str, lr: float, init: dict | None = None, epochs: int = 3,
+           keep: str = "best") -> dict:
     """Train NET on the synthetic split in ``root`` into ``root/out``: the summary, the log lines, final.pt."""
     from asrflow.config.settings import Training
     from asrflow.nnet.data import FeatureDataset
     from asrflow.nnet.train import train
 
     data = FeatureDataset(root / "data", root / "feats", "train", labels)
-    opts = Training.defaults(epochs=epochs, max_frames=500, lr=lr, warmup_steps=2, patience=5, seed=1)
+    opts = Training.defaults(epochs=epochs, max_frames=500, lr=lr, warmup_steps=2, patience=5, seed=1,
+                                keep=keep)
     logged: list[str] = []
     summary = train(NET, opts, data, data, 4, root / out, log=logged.append, init=init)
     return {**summary, "log": logged, "final": torch.load(root / out / "final.pt", weights_only=True)}
@@ -80,6 +82,18 @@ def test_training_starts_from_the_given_weights_and_keeps_them_unless_it_improve
     assert tuned["best_valid_loss"] < first["best_valid_loss"]
     with pytest.raises(NnetError, match="5 classes; this network has 40-dimensional input and 4 classes"):
         _train(tmp_path, labels, "wrong", lr=1e-2, init={**first["final"], "num_classes": 5})
+
+
+def test_keep_last_writes_the_last_epochs_weights_even_when_the_held_out_loss_rose(tmp_path: Path) -> None:
+    labels = synthetic_split(tmp_path, utterances=24)
+    first = _train(tmp_path, labels, "ce", lr=1e-2, epochs=2)
+    # a rate far too high: the epoch ends worse on the held-out set than its starting weights
+    kept = _train(tmp_path, labels, "best", lr=5.0, init=first["final"], epochs=1)
+    last = _train(tmp_path, labels, "last", lr=5.0, init=first["final"], epochs=1, keep="last")
+    assert kept["final_valid_loss"] == kept["best_valid_loss"] == last["best_valid_loss"]
+    assert last["final_valid_loss"] > last["best_valid_loss"]
+    assert all(torch.equal(value, kept["final"]["model"][name]) for name, value in first["final"]["model"].items())
+    assert not all(torch.equal(value, last["final"]["model"][name]) for name, value in first["final"]["model"].items())
 
 
 def test_the_stage_reads_the_init_networks_final_model_or_says_what_is_missing(tmp_path: Path) -> None:

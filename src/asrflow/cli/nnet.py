@@ -37,8 +37,8 @@ def cmd_nnet(args: argparse.Namespace) -> int:
         run.log_params({f"nnet.parallel.effective.{k}": v for k, v in parallel.as_dict().items()})
         manifest = train_system(config, args.system, args.train, paths, run, log=_log)
         means = ("mean_t_data", "mean_t_calc", "mean_t_transmit", "mean_t_merge", "mean_t_wait", "mean_bytes_per_step")
-        run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss", "seconds",
-                                                      "rejected", *means)},
+        run.log_metrics({**{k: manifest[k] for k in ("parameters", "epochs", "steps", "best_valid_loss",
+                                                      "final_valid_loss", "seconds", "rejected", *means)},
                          **({"best_valid_frame_accuracy": manifest["best_valid_frame_accuracy"]}
                             if manifest.get("best_valid_frame_accuracy") is not None else {}),
                          # whole-run means; frames_per_second / data_wait_fraction are the per-step series

@@ -126,6 +126,7 @@ class Training(Settings):
     checkpoint_every: int
     checkpoint_minutes: float
     patience: int
+    keep: str
     amp: bool
     prefetch: int
     loader_workers: int
@@ -152,7 +153,8 @@ class Parallel(Settings):
 
     SCHEMA: ClassVar[str] = "nnet.parallel"
     strategy: str
-    learners: int
+    learners: int  # with ``stages`` set, resolved to it
+    stages: int | None  # pipeline: stages, one learner each (None: one per learner)
     nodes: int
     launcher: str
     port: int | None
@@ -173,6 +175,14 @@ class Parallel(Settings):
             raise ParallelError(f"unknown parallel strategy {self.strategy!r}; known: {', '.join(STRATEGY_NAMES)}")
         if self.batch not in ("global", "learner"):
             raise ParallelError(f"nnet.parallel.batch must be global or learner, not {self.batch!r}")
+        if self.stages is not None:
+            if self.strategy != "pipeline":
+                raise ParallelError(f"nnet.parallel.stages is for the pipeline strategy, not {self.strategy}; "
+                                    "set learners instead")
+            if self.learners not in (1, self.stages):
+                raise ParallelError(f"nnet.parallel.stages is {self.stages} but learners is {self.learners}: a "
+                                    "pipeline runs one learner per stage (leave learners out or make it equal)")
+            object.__setattr__(self, "learners", self.stages)
         if self.overlap and (problem := overlap_conflict(self.strategy, self.compression)):
             raise ParallelError(f"nnet.parallel.{problem}")
 

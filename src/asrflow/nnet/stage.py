@@ -312,7 +312,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
         write_outputs(out, net.objective, targets, manifest)
         shutil.rmtree(state, ignore_errors=True)
     log(f"{system}: {summary['epochs']} epochs, {summary['steps']} steps, held-out loss "
-        f"{summary['best_valid_loss']:.4f}, {summary['frames_per_second']:.0f} frames/s, {summary['seconds']:.1f} s")
+        f"{summary['final_valid_loss']:.4f} ({opts.keep} epoch kept), {summary['frames_per_second']:.0f} frames/s, "
+        f"{summary['seconds']:.1f} s")
     return manifest
 
 

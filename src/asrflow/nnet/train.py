@@ -275,9 +275,9 @@ def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, sch
 
 # training options that change no result
 RUNTIME_OPTIONS = ("prefetch", "checkpoint_minutes", "log_every", "loader_workers", "compile")
-# options that only say when to stop (no schedule depends on them): a run resumes with other values,
-# to train on from its last epoch or to stop at one it has passed
-STOPPING_OPTIONS = ("epochs", "patience")
+# options that only say when to stop or which epoch's model is final (no schedule depends on them): a run
+# resumes with other values, to train on from its last epoch or to stop at one it has passed
+STOPPING_OPTIONS = ("epochs", "patience", "keep")
 
 
 def _resume_identity(model_config: dict[str, Any], opts: Training) -> tuple[list, list]:
@@ -303,7 +303,8 @@ def train(model_config: dict[str, Any], opts: Training, train_set: FeatureDatase
           extra: dict[str, Any] | None = None, state_dir: str | Path | None = None,
           parallel: Parallel | None = None, criterion: Callable | None = None,
           init: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train (or resume) and write ``final.pt`` (the best held-out model); returns a summary.
+    """Train (or resume) and write ``final.pt`` (the best held-out model, or the last with ``keep: last``);
+    returns a summary.
 
     Checkpoints go to ``state_dir`` (default ``out_dir``); one written by a run with another
     model, objective, class count, options, strategy or learner count is ignored rather than
@@ -318,7 +319,8 @@ def train(model_config: dict[str, Any], opts: Training, train_set: FeatureDatase
     replaces the objective's loss in training and held-out evaluation (hybrid MMI, ``nnet/mmi.py``).
     ``init`` (the content of another network's ``final.pt``, same shape) gives the starting weights
     instead of random ones (fine-tuning); that starting model's held-out loss is the one to beat, so
-    ``final.pt`` is never worse on the held-out set than where training began.
+    ``final.pt`` is never worse on the held-out set than where training began (unless ``keep`` is
+    ``last``: then it is the weights after the last epoch trained, whatever their held-out loss).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
@@ -580,14 +582,17 @@ class _Run:
         return loaded(make, keys, workers, self.opts.prefetch, pin=cuda)
 
     def finish(self) -> None:
-        """Stop the batch stream and close the strategy; learner 0 writes the best model as ``final.pt``."""
+        """Stop the batch stream and close the strategy; learner 0 writes the best model (or, with ``keep: last``,
+        the current one) as ``final.pt``."""
         if self.stream is not None:
             self.stream.close()
         self.writer.wait()
         self.strategy.close()
         if self.rank == 0:
             best_path = self.state_path / "best.pt"
-            best = torch.load(best_path, weights_only=True) if best_path.is_file() else None
+            best = None
+            if self.opts.keep == "best" and best_path.is_file():
+                best = torch.load(best_path, weights_only=True)
             atomic_save(best or {"model": self.model.state_dict(), **self.header}, self.out / "final.pt")
 
     def summary(self) -> dict[str, Any]:
@@ -598,6 +603,8 @@ class _Run:
         steps = max(totals["steps"], 1)
         return {"epochs": state["epoch"], "steps": state["step"], "best_valid_loss": state["best"],
                 "best_valid_frame_accuracy": state.get("best_accuracy"),
+                # the held-out loss of the model in final.pt
+                "final_valid_loss": state["best"] if self.opts.keep == "best" else state["last"],
                 "parameters": parameter_count(self.model), "seconds": seconds, "world_size": self.world,
                 # without the held-out evaluations
                 "train_seconds": seconds - totals["held_out"],
