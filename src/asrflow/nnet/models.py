@@ -39,6 +39,27 @@ def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -
     return torch.cat(parts, dim=2)
 
 
+class Unit(nn.Module):
+    """One layer of a feed-forward network on its own (a stage of pipelined training is a run of them):
+    ``(B, T, D)`` features or activations and the lengths in, ``(B, T, D')`` out, at the full frame rate.
+    ``kind``: ``splice`` (the DNN's context), ``front`` (the CNN's convolutions), ``tdnn`` (one TDNN layer)
+    or ``layer`` (any frame-wise module)."""
+
+    def __init__(self, kind: str, layer: nn.Module | None = None, context: int = 0,
+                 strides: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.kind, self.layer, self.context, self.strides = kind, layer, context, strides
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if self.kind == "splice":
+            return splice(x, self.context, lengths)
+        if self.kind == "front":
+            return run_front_end(self.layer, self.strides, x, lengths)[0]
+        if self.kind == "tdnn":
+            return hold_last(self.layer(x.transpose(1, 2)), lengths, dim=2).transpose(1, 2)
+        return self.layer(x)
+
+
 class DNN(nn.Module):
     """MLP over spliced frames (the classic hybrid DNN); with ``multi_frame`` k, evaluated every k-th frame with k
     output heads (:mod:`asrflow.nnet.frames`)."""
@@ -50,11 +71,20 @@ class DNN(nn.Module):
         self.every = self.heads = multi_frame
         blocks: list[nn.Module] = []
         size = input_dim * (2 * context + 1)
-        for _ in range(layers):
+        for _ in range(layers):  # BLOCK modules per hidden layer
             blocks += [nn.Linear(size, hidden), nn.ReLU(), nn.LayerNorm(hidden), nn.Dropout(dropout)]
             size = hidden
         self.body = nn.Sequential(*blocks)
         self.output = nn.Linear(size, output_dim * multi_frame)
+
+    BLOCK = 4  # modules of one hidden layer in ``body``
+
+    def layer_units(self) -> list[Unit]:
+        """The layers in order, sharing this network's modules (at the full frame rate, one head): the
+        splicing, each hidden layer and the output layer; run in turn they give :meth:`forward`'s logits."""
+        blocks = list(self.body)
+        hidden = [Unit("layer", nn.Sequential(*blocks[i:i + self.BLOCK])) for i in range(0, len(blocks), self.BLOCK)]
+        return [Unit("splice", context=self.context), *hidden, Unit("layer", self.output)]
 
     def skip_frames(self, every: int) -> None:
         """Evaluate every ``every``-th frame and copy its scores to the frames it skips (a one-head network)."""
@@ -132,6 +162,13 @@ class CNN(nn.Module):
         for index, (d, block) in enumerate(zip(self.dilations, self.tdnn)):
             conv = block[0].first if isinstance(block[0], LowRank) else block[0]
             redilate(conv, d // every if index >= self.split else d)
+
+    def layer_units(self) -> list[Unit]:
+        """The layers in order, sharing this network's modules (without subsampling, at the full frame rate):
+        the convolutional front end, each TDNN layer and the output layer; run in turn they give
+        :meth:`forward`'s logits."""
+        front = [Unit("front", self.conv, strides=self.strides)] if len(self.conv) else []
+        return [*front, *(Unit("tdnn", block) for block in self.tdnn), Unit("layer", self.output)]
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y, out_lengths = run_front_end(self.conv, self.strides, x, lengths)

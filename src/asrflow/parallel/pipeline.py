@@ -31,41 +31,18 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from asrflow.nnet.models import CNN, DNN, hold_last, run_front_end, splice
+from asrflow.nnet.models import CNN, DNN, Unit
 from asrflow.nnet.objectives import LossStats
 from asrflow.parallel import ParallelError
 from asrflow.parallel.base import Strategy
 
 
-class Unit(nn.Module):
-    """One layer of a feed-forward network as a pipeline sees it: ``(B, T, D)`` features or activations and the
-    lengths in, ``(B, T, D')`` out."""
-
-    def __init__(self, kind: str, layer: nn.Module | None = None, context: int = 0,
-                 strides: tuple[int, ...] = ()) -> None:
-        super().__init__()
-        self.kind, self.layer, self.context, self.strides = kind, layer, context, strides
-
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        if self.kind == "splice":
-            return splice(x, self.context, lengths)
-        if self.kind == "front":
-            return run_front_end(self.layer, self.strides, x, lengths)[0]
-        if self.kind == "tdnn":
-            return hold_last(self.layer(x.transpose(1, 2)), lengths, dim=2).transpose(1, 2)
-        return self.layer(x)
-
-
 def layer_units(model: nn.Module) -> list[Unit]:
-    """The network's layers in order (sharing its modules): a DNN's splicing, hidden blocks and output layer;
-    a CNN's convolutional front end, TDNN layers and output layer."""
-    if isinstance(model, DNN) and model.every == 1:
-        blocks = list(model.body)
-        hidden = [Unit("layer", nn.Sequential(*blocks[i:i + 4])) for i in range(0, len(blocks), 4)]
-        return [Unit("splice", context=model.context), *hidden, Unit("layer", model.output)]
-    if isinstance(model, CNN) and model.every == 1 and all(s == 1 for s in model.strides):
-        front = [Unit("front", model.conv, strides=model.strides)] if len(model.conv) else []
-        return [*front, *(Unit("tdnn", block) for block in model.tdnn), Unit("layer", model.output)]
+    """The network's layers in order, sharing its modules (:meth:`DNN.layer_units`, :meth:`CNN.layer_units`):
+    only feed-forward networks at the full frame rate cut into frame-wise stages."""
+    if isinstance(model, DNN) and model.every == 1 or (
+            isinstance(model, CNN) and model.every == 1 and all(s == 1 for s in model.strides)):
+        return model.layer_units()
     raise ParallelError(f"strategy pipeline cuts feed-forward networks into stages (dnn, cnn without subsampling "
                         f"or multi-frame outputs), not a {type(model).__name__}")
 
