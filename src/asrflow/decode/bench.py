@@ -5,7 +5,9 @@ stage would (its own ``decode`` settings over ``nnet.decode``, the tuned acousti
 penalty when the tune stage has run), in this process and one thread, and prints one JSON line per
 network: parameters, size on disk, forward and search real-time factors, WER on those utterances and,
 on the first few utterances, the share of output classes the search reads per frame (what evaluating
-the output layer lazily, only for the classes the search asks for, could save at most).
+the output layer lazily, only for the classes the search asks for, could save at most) and how much slower
+the search is when every score it reads is answered by Python code (what computing them on demand through
+the decoder's Python interface would cost before any arithmetic).
 """
 
 from __future__ import annotations
@@ -54,18 +56,25 @@ class CountingDecodable(khg.DecodableInterface):
 
 
 def read_share(graph: str, trans_model: Any, opts: DecodeOptions, matrices: list[np.ndarray],
-               columns_to_classes: np.ndarray | None) -> float:
+               columns_to_classes: np.ndarray | None) -> tuple[float, float]:
     """Mean share of output classes whose score the search reads per frame (columns mapped to classes by
-    ``columns_to_classes``: a transition id's pdf; None when columns are the classes)."""
+    ``columns_to_classes``: a transition id's pdf; None when columns are the classes), and how many times
+    longer the search takes when each score is answered by a Python decodable (as scores computed on demand
+    would be) than from the matrix."""
     shares = []
     classes = int(columns_to_classes.max()) + 1 if columns_to_classes is not None else matrices[0].shape[1]
-    for scores in matrices:
-        decodable = CountingDecodable(scores)
-        decode_all(graph, trans_model, opts, [("utt", len(scores), lambda d=decodable: d)])
+    counting = [CountingDecodable(scores) for scores in matrices]
+    start = time.perf_counter()
+    decode_all(graph, trans_model, opts, [("utt", len(d.scores), lambda d=d: d) for d in counting])
+    answered = time.perf_counter() - start
+    start = time.perf_counter()
+    decode_all(graph, trans_model, opts, [("utt", len(m), lambda m=m: khg.DecodableCtc(m)) for m in matrices])
+    from_matrix = time.perf_counter() - start
+    for decodable in counting:
         for columns in decodable.read:
             read = {int(columns_to_classes[c]) for c in columns} if columns_to_classes is not None else columns
             shares.append(len(read) / classes)
-    return float(np.mean(shares)) if shares else 0.0
+    return (float(np.mean(shares)) if shares else 0.0), answered / max(from_matrix, 1e-9)
 
 
 def _paths(inputs: dict[str, str]) -> Paths:
@@ -140,7 +149,8 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
             row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
     if counted:
         matrices = [loglikes(p, opts) for p in posteriors[:counted]]
-        row["classes_read_per_frame"] = round(read_share(graph, trans_model, opts, matrices, columns), 4)
+        share, slowdown = read_share(graph, trans_model, opts, matrices, columns)
+        row["classes_read_per_frame"], row["python_decodable_slowdown"] = round(share, 4), round(slowdown, 2)
         row["counted_utterances"] = len(matrices)
     log(f"{system}: RTF {row['rtf']} (forward {row['rtf_forward']}, search {row['rtf_search']}), "
         f"WER {100 * row['wer']:.2f} % on {len(utts)} utterances")
