@@ -97,3 +97,11 @@ def test_a_decoding_variant_names_its_network_and_its_decoding() -> None:
     assert fast["objective"] == "hybrid, dnn as trained, decoded with frame_skip 2"
     assert "multi_frame" not in fast["sizes"]
     assert mf["objective"] == "hybrid, fine-tuned from dnn" and mf["sizes"] == "multi_frame=3"
+
+
+def test_a_network_that_keeps_its_last_epoch_says_so() -> None:
+    runs = [_run("nnet-more-train", 1, {"seconds": 9.0},
+                 {"nnet.models.more.type": "dnn", "nnet.effective.init": "dnn", "nnet.effective.epochs": "1",
+                  "nnet.effective.keep": "last"})]
+    header, body = table(system_rows(latest_by_stage(runs), ["more"], ["test"]), ["test"])
+    assert dict(zip(header, body[0]))["objective"] == "hybrid, fine-tuned from dnn, last epoch kept"

@@ -40,7 +40,7 @@ from asrflow.parallel.base import Strategy
 def layer_units(model: nn.Module) -> list[Unit]:
     """The network's layers in order, sharing its modules (:meth:`DNN.layer_units`, :meth:`CNN.layer_units`):
     only feed-forward networks at the full frame rate cut into frame-wise stages."""
-    if isinstance(model, DNN) and model.every == 1 or (
+    if (isinstance(model, DNN) and model.every == 1) or (
             isinstance(model, CNN) and model.every == 1 and all(s == 1 for s in model.strides)):
         return model.layer_units()
     raise ParallelError(f"strategy pipeline cuts feed-forward networks into stages (dnn, cnn without subsampling "

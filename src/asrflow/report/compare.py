@@ -77,6 +77,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
         objective += (f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else
                       f", {float(pruned):.0%} pruned from {init}, fine-tuned" if pruned != "none" else
                       f", fine-tuned from {init}")
+    if params.get("nnet.effective.keep") == "last" and params.get("nnet.effective.epochs") != "0":
+        objective += ", last epoch kept"
     if params.get("nnet.effective.teacher", "none") != "none":
         objective += f", taught by {params['nnet.effective.teacher']}"
     decoding = {k.removeprefix(prefix + "decode."): v for k, v in params.items() if k.startswith(prefix + "decode.")}
