@@ -64,6 +64,8 @@ class DNN(nn.Module):
     """MLP over spliced frames (the classic hybrid DNN); with ``multi_frame`` k, evaluated every k-th frame with k
     output heads (:mod:`asrflow.nnet.frames`)."""
 
+    BLOCK = 4  # modules of one hidden layer in ``body``: Linear, ReLU, LayerNorm, Dropout
+
     def __init__(self, input_dim: int, output_dim: int, *, hidden: int, layers: int, context: int,
                  multi_frame: int, dropout: float) -> None:
         super().__init__()
@@ -71,13 +73,11 @@ class DNN(nn.Module):
         self.every = self.heads = multi_frame
         blocks: list[nn.Module] = []
         size = input_dim * (2 * context + 1)
-        for _ in range(layers):  # BLOCK modules per hidden layer
+        for _ in range(layers):
             blocks += [nn.Linear(size, hidden), nn.ReLU(), nn.LayerNorm(hidden), nn.Dropout(dropout)]
             size = hidden
         self.body = nn.Sequential(*blocks)
         self.output = nn.Linear(size, output_dim * multi_frame)
-
-    BLOCK = 4  # modules of one hidden layer in ``body``
 
     def layer_units(self) -> list[Unit]:
         """The layers in order, sharing this network's modules (at the full frame rate, one head): the
