@@ -25,7 +25,7 @@ from asrflow.config.schema import (
     model_train,
 )
 from asrflow.config.sizes import network_config
-from asrflow.parallel import ParallelError, overlap_conflict
+from asrflow.parallel import ParallelError, overlap_conflict, staleness
 
 T = TypeVar("T", bound="Settings")
 
@@ -212,7 +212,7 @@ class Parallel(Settings):
         if world == 1 or self.stale_lr == "none":
             return 1.0
         if self.strategy == "pipeline":
-            stale = 1 + 2 * (world - 1 - rank)
+            stale = 1 + staleness(world, rank)
         elif self.batch == "global" and self.strategy in SEQUENTIAL:
             stale = world
         else:

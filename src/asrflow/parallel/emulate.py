@@ -31,14 +31,13 @@ from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, c
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import OBJECTIVES
 from asrflow.nnet.train import Schedule, evaluate, newbob_update
-from asrflow.parallel import overlap_conflict
+from asrflow.parallel import overlap_conflict, staleness
 from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
 from asrflow.parallel.pipeline import (
     _Stage,
     balance,
     layer_units,
-    staleness,
     stashed_weights,
     step_recording,
     unit_costs,

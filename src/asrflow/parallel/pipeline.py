@@ -33,7 +33,7 @@ from torch.func import functional_call
 
 from asrflow.nnet.models import CNN, DNN, Unit
 from asrflow.nnet.objectives import LossStats
-from asrflow.parallel import ParallelError
+from asrflow.parallel import ParallelError, staleness
 from asrflow.parallel.base import Strategy
 
 
@@ -86,11 +86,6 @@ def stashed_weights(stage: nn.Module, delta: dict[str, torch.Tensor] | None, sta
     if not delta:
         return {name: p.detach().clone().requires_grad_() for name, p in stage.named_parameters()}
     return {name: (p.detach() + stale * delta[name]).requires_grad_() for name, p in stage.named_parameters()}
-
-
-def staleness(stages: int, stage: int) -> int:
-    """Updates between a batch's forward pass in ``stage`` and the update its gradient makes there."""
-    return 2 * (stages - 1 - stage)
 
 
 def step_recording(stage: nn.Module, delta: dict[str, torch.Tensor] | None, step: Any) -> None:
