@@ -40,6 +40,10 @@ def brute_force(loglikes: np.ndarray, length: int) -> float:
 
 def test_forward_sums_every_path_of_each_utterance() -> None:
     graph = graph_from_arcs(ARCS, FINALS, 0, 4)
+    # state-emitting: a start no arc enters, then one state per (state, pdf entering it): 0 by pdf 0, 1 by pdfs 0
+    # and 2, 2 by pdf 1, 3 by pdf 2; each arc leaves every copy of its source (states 0 and 1 have two each)
+    assert graph.num_states == 6 and graph.pdf.tolist() == [0, 0, 0, 2, 1, 2]
+    assert graph.num_arcs == len(ARCS) + 2 + 2
     rng = np.random.default_rng(0)
     loglikes = rng.normal(scale=3.0, size=(2, 5, 3))
     got = denominator_log_prob(torch.from_numpy(loglikes), torch.tensor([5, 3]), graph)
@@ -53,6 +57,15 @@ def test_forward_survives_long_utterances_and_large_scores() -> None:
     loglikes[0, :, 1] = 0.0
     value = denominator_log_prob(loglikes, torch.tensor([3000]), graph)
     assert math.isfinite(value.item())
+
+
+def test_denominator_speed_times_both_passes() -> None:
+    from asrflow.nnet.mmi import denominator_speed
+
+    row = denominator_speed(graph_from_arcs(ARCS, FINALS, 0, 4), 3, batch=2, frames=50, repeats=2)
+    assert set(row) == {"forward_s", "backward_s", "ms_per_frame"}
+    assert row["forward_s"] > 0 and row["backward_s"] > 0
+    assert row["ms_per_frame"] >= 1000 * (row["forward_s"] + row["backward_s"]) / 50 - 1e-3
 
 
 def test_gradient_is_the_denominator_occupancy() -> None:
@@ -104,7 +117,9 @@ def test_hclg_conversion_maps_transition_ids_and_removes_epsilons(tmp_path: Path
     fst = kfst.compile(text)
     fst.write(str(tmp_path / "HCLG.fst"))
     graph = load_denominator_graph(tmp_path / "HCLG.fst", np.array([0, 0, 0, 1, 2]))
-    assert graph.num_states == 3 and graph.start == 0  # the ε arc's cost moved onto the arcs after it
+    # the ε arc's cost moved onto the arcs after it; state-emitting: the start, then state 1 entered by pdf 0 and
+    # state 2 entered by pdfs 1 and 2 (two states)
+    assert graph.num_states == 4 and graph.start == 0 and graph.pdf.tolist() == [0, 0, 1, 2]
     loglikes = np.log(np.random.default_rng(1).uniform(0.1, 1.0, size=(1, 4, 3)))
     # paths of 4 frames, by hand: 0.5 (ε) then 1→1 / 1→2 / 2→2 / 2→1 with the final 0.7 at state 2
     arcs = {1: [(1, 0, 0.1), (2, 1, 0.2)], 2: [(2, 2, 0.3), (1, 0, 1.0)]}

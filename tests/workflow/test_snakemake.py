@@ -156,6 +156,23 @@ def test_the_phone_lm_denominator_holds_every_training_alignment(yesno_run: Path
         assert mmi_of_peaked(aligned[::-1]) < -1000, utt
 
 
+def test_bench_mmi_times_each_denominator(yesno_run: Path, monkeypatch, capsys) -> None:
+    """``asrflow bench mmi``: one JSON line per denominator (the word graph, a phone bigram), with its size and
+    the forward-backward time; an unknown denominator is a clear error."""
+    from asrflow.cli import main
+
+    monkeypatch.chdir(yesno_run)
+    res = Path("results") / "yesno"
+    common = ["bench", "mmi", "--gmm", str(res / "gmm" / "train" / "tri"), "--lang", str(res / "lang" / "train"),
+              "--graph", str(res / "graph" / "train" / "tri"), "--frames", "30", "--repeats", "1"]
+    assert main([*common, "--denominators", "graph,phone_lm:2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["denominator"] for r in rows] == ["graph", "phone_lm:2"]
+    assert all(r["states"] > 10 and r["arcs"] >= r["states"] - 1 and r["ms_per_frame"] > 0 for r in rows)
+    with pytest.raises(SystemExit, match="unknown denominator 'lattice'"):
+        main([*common, "--denominators", "lattice"])
+
+
 def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatch) -> None:
     """``asrflow bench networks`` decodes as the decode stage does (every utterance: the same WER), with the
     forward pass and the search timed apart, and counts the classes the search reads per frame (timing the search

@@ -1,4 +1,4 @@
-"""``asrflow bench features|gmm|decode|networks|sparse|scale|nnet`` (``parallel``: :mod:`asrflow.cli.parallel`)."""
+"""``asrflow bench features|gmm|decode|networks|sparse|mmi|scale|nnet`` (``parallel``: :mod:`asrflow.cli.parallel`)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,36 @@ def cmd_bench_sparse(args: argparse.Namespace) -> int:
 
     rows = sparse_speed(args.rows, args.cols, args.frames, [float(f) for f in args.fractions.split(",")],
                         args.repeats)
+    return json_lines(rows, args.out)
+
+
+def cmd_bench_mmi(args: argparse.Namespace) -> int:
+    """The MMI denominator's forward-backward time for each denominator asked for; one JSON line each."""
+    import torch
+
+    from asrflow.gmm.model import GmmModel
+    from asrflow.nnet.mmi import denominator_from_fst, denominator_speed, load_denominator_graph
+    from asrflow.nnet.phone_lm import phone_lm_graph
+
+    torch.set_num_threads(args.threads)
+    model = GmmModel.load(args.gmm)
+    num_pdfs = int(model.tid2pdf.max()) + 1
+    rows = []
+    for name in args.denominators.split(","):
+        kind, _, order = name.partition(":")
+        if kind == "graph":
+            if not args.graph:
+                raise SystemExit("bench mmi: the denominator 'graph' needs --graph (the folder of HCLG.fst)")
+            graph = load_denominator_graph(Path(args.graph) / "HCLG.fst", model.tid2pdf)
+        elif kind == "phone_lm" and order.isdigit():
+            if not args.lang:
+                raise SystemExit(f"bench mmi: the denominator {name!r} needs --lang (the lang folder of its phones)")
+            graph = denominator_from_fst(phone_lm_graph(args.lang, args.gmm, model, int(order))[0], model.tid2pdf)
+        else:
+            raise SystemExit(f"bench mmi: unknown denominator {name!r} (graph or phone_lm:<order>)")
+        rows.append({"denominator": name, "states": graph.num_states, "arcs": graph.num_arcs, "pdfs": num_pdfs,
+                     "batch": args.batch, "frames": args.frames, "threads": args.threads,
+                     **denominator_speed(graph, num_pdfs, args.batch, args.frames, args.repeats)})
     return json_lines(rows, args.out)
 
 
@@ -213,6 +243,20 @@ def register(sub: Any) -> Any:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_sparse)
+
+    p = bench.add_parser("mmi", help="the MMI denominator's forward-backward time per frame (word graph, phone LMs)")
+    p.add_argument("--gmm", required=True, help="the GMM folder whose tree numbers the pdfs (and whose alignments "
+                                                "the phone LMs are estimated on)")
+    p.add_argument("--lang", default=None, help="the lang folder (phone LMs)")
+    p.add_argument("--graph", default=None, help="the folder of the GMM's HCLG.fst (denominator 'graph')")
+    p.add_argument("--denominators", default="phone_lm:2,phone_lm:3",
+                   help="comma-separated: graph, phone_lm:<order>")
+    p.add_argument("--batch", type=int, default=4, help="utterances per pass")
+    p.add_argument("--frames", type=int, default=300, help="frames per utterance")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.set_defaults(func=cmd_bench_mmi)
 
     p = with_config(bench.add_parser("scale", help="every stage's time and memory as the training split grows"))
     for name in ("data", "features", "lang", "model"):

@@ -16,14 +16,16 @@ negative); its gradient is exact: ``κ (γ_den − onehot(a))`` on the log poste
 The denominator is the forward algorithm over the whole HCLG, as in lattice-free MMI
 (Povey et al., 2016) but over the word-level graph the decoder uses rather than a phone LM:
 no lattices, nothing stale. It is run in float64 on probabilities rescaled every frame, with
-its own backward pass (forward-backward); its time grows with frames × batch × arcs, which
-suits the small graphs of digit and command corpora (yesno, FSDD). For larger vocabularies
-the denominator can be a phone n-gram LM instead (``nnet/phone_lm.py``), as in Kaldi's chain
-models; both reach this module as an HCLG (:func:`denominator_from_fst`).
+its own backward pass (forward-backward), one sparse matrix product per frame over a
+state-emitting form of the graph (:class:`DenominatorGraph`); its time grows with frames ×
+batch × arcs, which suits the word graphs of digit and command corpora (yesno, FSDD). For
+larger vocabularies the denominator is a phone n-gram LM instead (``nnet/phone_lm.py``), as in
+Kaldi's chain models; both reach this module as an HCLG (:func:`denominator_from_fst`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,34 +38,66 @@ from asrflow.nnet.objectives import LossStats, frame_cross_entropy
 
 @dataclass(frozen=True)
 class DenominatorGraph:
-    """An acceptor over pdf ids with probabilities on its arcs and final states."""
+    """An acceptor in which every state emits one pdf: a frame moves along a weighted arc into a
+    state and is scored by that state's pdf (the start state, which no arc enters, emits none).
 
-    src: torch.Tensor  # (A,) int64 source state of each arc
-    dst: torch.Tensor  # (A,) int64 destination state
-    pdf: torch.Tensor  # (A,) int64 pdf the arc consumes a frame of
-    weight: torch.Tensor  # (A,) float64 exp(−graph cost)
+    One frame of the forward algorithm is then one sparse matrix product and one gather of
+    ``S`` scores, rather than a gather and a scatter over every arc. A decoding graph's arcs
+    carry the pdfs; :func:`graph_from_arcs` gives each (state, pdf entering it) pair a state of
+    its own, which keeps every path and its weight. In an HCLG the arcs into a state mostly read
+    one pdf (speechocean762's phone-LM denominator: exactly one for every state), so the graph
+    hardly grows.
+    """
+
+    into: torch.Tensor  # (S, S) sparse CSR: into[j, i] = exp(−cost) of the arcs i → j, summed
+    out_of: torch.Tensor  # (S, S) sparse CSR: its transpose
+    pdf: torch.Tensor  # (S,) int64 the pdf each state emits (0 for the start state: never entered)
     final: torch.Tensor  # (S,) float64 exp(−final cost), 0 for non-final states
     start: int
+    num_arcs: int
 
     @property
     def num_states(self) -> int:
         return int(self.final.shape[0])
 
     def to(self, device: torch.device) -> DenominatorGraph:
-        return DenominatorGraph(self.src.to(device), self.dst.to(device), self.pdf.to(device),
-                                self.weight.to(device), self.final.to(device), self.start)
+        return DenominatorGraph(self.into.to(device), self.out_of.to(device), self.pdf.to(device),
+                                self.final.to(device), self.start, self.num_arcs)
 
 
 def graph_from_arcs(arcs: list[tuple[int, int, int, float]], finals: dict[int, float], start: int,
                     num_states: int) -> DenominatorGraph:
-    """A graph from ``(src, dst, pdf, cost)`` arcs and ``{state: final cost}`` (costs: −log probabilities)."""
+    """A graph from ``(src, dst, pdf, cost)`` arcs and ``{state: final cost}`` (costs: −log probabilities),
+    made state-emitting: state 0 is a copy of ``start`` that no arc enters, then one state per distinct
+    (destination, pdf) pair of the arcs; every arc leaves each copy of its source state, and each copy
+    keeps its original's final cost. States no arc enters, other than the start, are unreachable and dropped."""
+    if not 0 <= start < num_states:
+        raise ValueError(f"start state {start} is not one of the graph's {num_states} states")
     table = np.array(arcs, dtype=np.float64).reshape(-1, 4)
-    final = torch.zeros(num_states, dtype=torch.float64)
-    for state, cost in finals.items():
-        final[state] = float(np.exp(-cost))
-    index = table[:, :3].astype(np.int64)
-    return DenominatorGraph(torch.from_numpy(index[:, 0].copy()), torch.from_numpy(index[:, 1].copy()),
-                            torch.from_numpy(index[:, 2].copy()), torch.from_numpy(np.exp(-table[:, 3])), final, start)
+    src, dst, pdf = (table[:, k].astype(np.int64) for k in range(3))
+    weight = np.exp(-table[:, 3])
+    width = int(pdf.max(initial=0)) + 1
+    pairs, target = np.unique(dst * width + pdf, return_inverse=True)
+    original = np.concatenate([[start], pairs // width])  # each new state's original state
+    emits = np.concatenate([[0], pairs % width])
+    order = np.argsort(original, kind="stable")  # copies of each original, consecutive
+    first = np.searchsorted(original[order], src, side="left")
+    copies = np.searchsorted(original[order], src, side="right") - first
+    arc = np.repeat(np.arange(len(src)), copies)  # one arc per copy of its source
+    offset = np.arange(len(arc)) - np.repeat(np.cumsum(copies) - copies, copies)
+    new_src, new_dst = order[first[arc] + offset], target[arc] + 1
+    size = len(original)
+    final_cost = np.array([finals.get(int(s), np.inf) for s in original])
+
+    def matrix(rows: np.ndarray, cols: np.ndarray) -> torch.Tensor:
+        index = torch.from_numpy(np.stack([rows, cols]))
+        coo = torch.sparse_coo_tensor(index, torch.from_numpy(weight[arc]), (size, size), check_invariants=True)
+        with warnings.catch_warnings():  # torch calls its CSR layout beta; its products are what is used here
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            return coo.coalesce().to_sparse_csr()
+
+    return DenominatorGraph(matrix(new_dst, new_src), matrix(new_src, new_dst), torch.from_numpy(emits),
+                            torch.from_numpy(np.exp(-final_cost)), 0, len(arc))
 
 
 def load_denominator_graph(hclg_path: str | Path, tid2pdf: np.ndarray) -> DenominatorGraph:
@@ -108,27 +142,27 @@ def denominator_log_prob(loglikes: torch.Tensor, lengths: torch.Tensor, graph: D
 
 
 class _Forward(torch.autograd.Function):
-    """The forward algorithm with its own backward pass (the arc posteriors), rather than autograd
+    """The forward algorithm with its own backward pass (the state posteriors), rather than autograd
     through every frame: the forward probabilities are renormalised every frame, so long
     utterances neither underflow nor overflow, and the backward probabilities are scaled by the
-    same normalisers, so that Σ_s α_t(s) β_t(s) = 1 at every frame."""
+    same normalisers, so that Σ_s α_t(s) β_t(s) = 1 at every frame. States and the batch are laid
+    out (S, B): one frame is ``into @ α`` times the states' scores."""
 
     @staticmethod
     def forward(ctx, loglikes: torch.Tensor, lengths: torch.Tensor, graph: DenominatorGraph) -> torch.Tensor:
         batch, frames, _ = loglikes.shape
         shift = loglikes.amax(dim=2)  # (B, T): each frame's likelihoods rescaled into (0, 1]
-        probs = torch.exp(loglikes - shift[:, :, None])
-        alphas = torch.zeros(frames + 1, batch, graph.num_states, dtype=torch.float64, device=loglikes.device)
-        alphas[0, :, graph.start] = 1.0
+        probs = torch.exp(loglikes - shift[:, :, None]).permute(1, 2, 0).contiguous()  # (T, pdfs, B)
+        alphas = torch.zeros(frames + 1, graph.num_states, batch, dtype=torch.float64, device=loglikes.device)
+        alphas[0, graph.start] = 1.0
         norms = torch.ones(frames, batch, dtype=torch.float64, device=loglikes.device)
         active = torch.arange(frames, device=loglikes.device)[:, None] < lengths[None, :]  # (T, B)
         for t in range(frames):
-            arcs = alphas[t][:, graph.src] * graph.weight * probs[:, t, graph.pdf]
-            new = torch.zeros_like(alphas[t]).index_add_(1, graph.dst, arcs)
-            norm = new.sum(dim=1).clamp_min(1e-300)
-            alphas[t + 1] = torch.where(active[t][:, None], new / norm[:, None], alphas[t])
+            new = torch.sparse.mm(graph.into, alphas[t]) * probs[t].index_select(0, graph.pdf)
+            norm = new.sum(dim=0).clamp_min(1e-300)
+            alphas[t + 1] = torch.where(active[t], new / norm, alphas[t])
             norms[t] = torch.where(active[t], norm, 1.0)
-        final = (alphas[frames] * graph.final).sum(dim=1).clamp_min(1e-300)
+        final = (alphas[frames] * graph.final[:, None]).sum(dim=0).clamp_min(1e-300)
         ctx.save_for_backward(probs, alphas, norms, final, active)
         ctx.graph = graph
         return torch.log(norms).sum(dim=0) + (shift * active.T).sum(dim=1) + torch.log(final)
@@ -137,18 +171,16 @@ class _Forward(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         probs, alphas, norms, final, active = ctx.saved_tensors
         graph: DenominatorGraph = ctx.graph
-        batch, frames, num_pdfs = probs.shape
-        occupancy = torch.zeros_like(probs)
-        beta = graph.final[None, :] / final[:, None]
+        frames, num_pdfs, batch = probs.shape
+        occupancy = torch.zeros_like(probs)  # (T, pdfs, B)
+        beta = graph.final[:, None] / final[None, :]  # (S, B)
         for t in range(frames - 1, -1, -1):
-            emit = graph.weight * probs[:, t, graph.pdf] * beta[:, graph.dst] / norms[t][:, None]  # (B, A)
-            posterior = alphas[t][:, graph.src] * emit  # arc posteriors of frame t; sum to 1
-            occupancy[:, t] = torch.zeros(batch, num_pdfs, dtype=torch.float64,
-                                          device=probs.device).index_add_(1, graph.pdf, posterior)
-            previous = torch.zeros_like(beta).index_add_(1, graph.src, emit)
-            beta = torch.where(active[t][:, None], previous, beta)
-        occupancy *= active.T[:, :, None]
-        return grad[:, None, None] * occupancy, None, None
+            # the states' posteriors after frame t (they sum to 1), gathered by the pdf each emits
+            occupancy[t].index_add_(0, graph.pdf, alphas[t + 1] * beta)
+            emitted = probs[t].index_select(0, graph.pdf) * beta / norms[t]
+            beta = torch.where(active[t], torch.sparse.mm(graph.out_of, emitted), beta)
+        occupancy *= active[:, None, :]
+        return grad[:, None, None] * occupancy.permute(2, 0, 1), None, None
 
 
 def mmi(loglikes: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor,
@@ -179,7 +211,7 @@ class MmiObjective:
                  batch: dict) -> tuple[torch.Tensor, LossStats]:
         cross_entropy, stats = frame_cross_entropy(logits, out_lengths, batch)
         device = logits.device
-        if self.graph.src.device != device:
+        if self.graph.pdf.device != device:
             self.graph, self.log_priors = self.graph.to(device), self.log_priors.to(device)
         targets = batch["targets"].to(device)
         loglikes = self.acoustic_scale * (F.log_softmax(logits.double(), dim=-1) - self.log_priors)
@@ -187,3 +219,27 @@ class MmiObjective:
         loss = cross_entropy + self.weight * per_frame.float()
         return loss, LossStats(loss.detach() * stats.count, stats.count, stats.correct, stats.frames,
                                {"mmi": per_frame.detach().float() * stats.count})
+
+
+def denominator_speed(graph: DenominatorGraph, num_pdfs: int, batch: int, frames: int,
+                      repeats: int = 3) -> dict[str, float]:
+    """Seconds of one forward and one backward pass of the denominator over ``batch`` utterances of
+    ``frames`` frames of random log-likelihoods (the best of ``repeats``), and milliseconds per frame
+    of the batch, both passes together."""
+    import time
+
+    generator = torch.Generator().manual_seed(0)
+    loglikes = torch.randn(batch, frames, num_pdfs, generator=generator, dtype=torch.float64)
+    lengths = torch.full((batch,), frames)
+    forward, backward = [], []
+    for _ in range(repeats):
+        x = loglikes.clone().requires_grad_()
+        start = time.perf_counter()
+        value = denominator_log_prob(x, lengths, graph).sum()
+        middle = time.perf_counter()
+        value.backward()
+        forward.append(middle - start)
+        backward.append(time.perf_counter() - middle)
+    best = min(f + b for f, b in zip(forward, backward))
+    return {"forward_s": round(min(forward), 4), "backward_s": round(min(backward), 4),
+            "ms_per_frame": round(1000 * best / frames, 3)}

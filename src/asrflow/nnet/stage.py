@@ -271,7 +271,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     log(f"{system} ({net.type}, {net.objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
         f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
         + (f"; MMI denominator ({opts.mmi.denominator}) {criterion.graph.num_states} states, "
-           f"{len(criterion.graph.src)} arcs" if criterion else "")
+           f"{criterion.graph.num_arcs} arcs" if criterion else "")
         + (f"; starting from {net.init}'s weights" if init is not None else ""))
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
