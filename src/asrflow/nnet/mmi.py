@@ -171,7 +171,7 @@ class _Forward(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         probs, alphas, norms, final, active = ctx.saved_tensors
         graph: DenominatorGraph = ctx.graph
-        frames, num_pdfs, batch = probs.shape
+        frames = probs.shape[0]
         occupancy = torch.zeros_like(probs)  # (T, pdfs, B)
         beta = graph.final[:, None] / final[None, :]  # (S, B)
         for t in range(frames - 1, -1, -1):
