@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -127,7 +128,10 @@ def test_config_checks_frame_skipping_multi_frame_and_decoding_variants() -> Non
     resolved = config({"dnn": dict(DNN), "mf": {**DNN, "init": "dnn", "multi_frame": 3},
                        "skip": {**DNN, "init": "dnn", "train": {"epochs": 0}, "decode": {"frame_skip": 2}}})
     assert decoding(resolved, "skip").frame_skip == 2 and decoding(resolved, "dnn").frame_skip == 1
-    assert decoding(resolved).batch_frames == 2000
+    assert decoding(resolved).batch_frames == 2000 and decoding(resolved).device == "cpu"
+    assert decoding(config({"dnn": {**DNN, "decode": {"device": "auto"}}}), "dnn").device == "auto"
+    with pytest.raises(ConfigError, match="device"):
+        config({"dnn": dict(DNN)}, decode={"device": "gpu"})
     with pytest.raises(ConfigError, match="multi_frame"):
         config({"blstm": {"type": "lstm", "multi_frame": 2}})
     with pytest.raises(ConfigError, match="0 epochs needs init"):
@@ -156,6 +160,23 @@ def test_decoding_loads_a_network_with_frame_skipping(tmp_path) -> None:
             want = torch.log_softmax(skipping(torch.from_numpy(x)[None], torch.tensor([len(x)]))[0][0], -1)
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=1e-4)
         assert got.shape == full.shape and not torch.allclose(torch.from_numpy(got), torch.from_numpy(full))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
+def test_decoding_on_a_device_torch_cannot_see_is_a_clear_error(tmp_path) -> None:
+    """``nnet.decode.device: cuda`` without a GPU names the key; ``auto`` falls back to the CPU."""
+    from asrflow.nnet import NnetError
+    from asrflow.nnet.inference import Scoring, scoring_device
+
+    torch.save({"model": build_model(DNN, 10, 7).state_dict(), "config": DNN, "input_dim": 10, "num_classes": 7},
+               tmp_path / "final.pt")
+    with pytest.raises(NnetError, match="nnet.decode.device is cuda"):
+        Scoring(str(tmp_path / "final.pt"), device="cuda").load()
+    assert scoring_device("auto") == torch.device("cpu")
+    feats = [torch.randn(9, 10).numpy()]
+    auto = Scoring(str(tmp_path / "final.pt"), device="auto").log_posteriors(feats)
+    cpu = Scoring(str(tmp_path / "final.pt")).log_posteriors(feats)
+    assert np.array_equal(auto[0], cpu[0])
 
 
 def test_a_decoding_variant_trains_no_epoch_and_keeps_its_init_weights(tmp_path) -> None:

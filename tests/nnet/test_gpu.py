@@ -133,3 +133,23 @@ def test_loader_workers_and_compile_train_the_same_network_on_the_gpu(tmp_path: 
     assert summary["device"].startswith("cuda")
     assert summary["best_valid_loss"] < 0.5 * np.log(4.0) and summary["best_valid_frame_accuracy"] > 0.8
     assert any("frame_accuracy" in m for m in logged)
+
+
+@pytest.mark.parametrize("name", ["dnn", "lstm", "cnn"])
+def test_decoding_on_the_gpu_scores_as_on_the_cpu(name: str, tmp_path: Path) -> None:
+    """``nnet.decode.device: cuda``: each padded batch runs on the GPU and the log posteriors come back to the CPU
+    equal to the CPU's, whatever the batch size (to the rounding of cuDNN's TF32 convolutions)."""
+    from asrflow.nnet.inference import Scoring
+    from asrflow.nnet.models import build_model
+
+    config = MODELS[name][0]
+    torch.manual_seed(0)
+    torch.save({"model": build_model(config, 10, 7).state_dict(), "config": config, "input_dim": 10,
+                "num_classes": 7}, tmp_path / "final.pt")
+    feats = [torch.randn(n, 10).numpy() for n in (50, 23, 81, 7)]
+    cpu = Scoring(str(tmp_path / "final.pt"), batch_frames=100).log_posteriors(feats)
+    for batch in (1, 100, 10000):
+        gpu = Scoring(str(tmp_path / "final.pt"), batch_frames=batch, device="cuda").log_posteriors(feats)
+        for want, got in zip(cpu, gpu):
+            assert isinstance(got, np.ndarray) and got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3)

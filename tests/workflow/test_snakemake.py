@@ -176,7 +176,9 @@ def test_bench_mmi_times_each_denominator(yesno_run: Path, monkeypatch, capsys) 
 def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatch) -> None:
     """``asrflow bench networks`` decodes as the decode stage does (every utterance: the same WER), with the
     forward pass and the search timed apart, and counts the classes the search reads per frame (timing the search
-    with every score answered from Python against the matrix)."""
+    with every score answered from Python against the matrix); on a GPU, with the forward pass there."""
+    import torch
+
     from asrflow.config import load_config
     from asrflow.decode.bench import network_benchmark
     from asrflow.workflow import nnet_decode_inputs
@@ -189,9 +191,14 @@ def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatc
         scored = json.loads((yesno_run / "results" / "yesno" / "score" / system / "test.json").read_text())
         assert row["wer"] == pytest.approx(scored["wer"], abs=1e-4), system
         assert row["rtf"] == pytest.approx(row["rtf_forward"] + row["rtf_search"], abs=2e-4)
-        assert 0 < row["classes_read_per_frame"] <= 1 and row["threads"] == 1
+        assert 0 < row["classes_read_per_frame"] <= 1 and row["threads"] == 1 and row["device"] == "cpu"
         assert row["python_decodable_slowdown"] > 0
         assert set(row["rtf_forward_by_batch"]) == {"1", "4000"}
+    if torch.cuda.is_available():  # the forward pass on the GPU, the search on the CPU: the same words
+        row = network_benchmark(config, "dnn", nnet_decode_inputs(config, "test", "dnn"), "test", 1, device="cuda",
+                                log=lambda line: None)
+        scored = json.loads((yesno_run / "results" / "yesno" / "score" / "dnn" / "test.json").read_text())
+        assert row["device"] != "cpu" and row["wer"] == pytest.approx(scored["wer"], abs=1e-4)
 
 
 def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:

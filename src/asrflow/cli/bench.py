@@ -71,7 +71,8 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
     config = _load(args)
     batches = [int(b) for b in args.batch_frames.split(",")] if args.batch_frames else None
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
-                              counted=args.count, batches=batches, log=_log) for system in args.systems]
+                              counted=args.count, batches=batches, device=args.device, log=_log)
+            for system in args.systems]
     json_lines(rows, args.out)
     if args.plot:
         from asrflow.report.plots import tradeoff_plot
@@ -232,6 +233,8 @@ def register(sub: Any) -> Any:
     p.add_argument("--rows", help="plot these JSON lines (from --out) instead of decoding")
     p.add_argument("--batch-frames", help="comma-separated padded frames per forward batch to time the forward pass "
                    "with as well (1: one utterance at a time)")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="run the forward pass here (the search stays on "
+                   "the CPU); default: each network's nnet.decode.device")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_networks)
 

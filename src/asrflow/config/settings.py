@@ -271,6 +271,7 @@ class Decoding(Settings):
     shard_utts: int
     frame_skip: int
     batch_frames: int
+    device: str
     tune: Tuning
 
     @classmethod

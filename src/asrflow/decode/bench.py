@@ -83,11 +83,14 @@ def _paths(inputs: dict[str, str]) -> Paths:
 
 
 def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
-                      counted: int = 0, batches: list[int] | None = None, log=print) -> dict[str, Any]:
+                      counted: int = 0, batches: list[int] | None = None, device: str | None = None,
+                      log=print) -> dict[str, Any]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with network ``system`` (its decode-stage
     ``inputs``) on one core; the row of timings, sizes and WER (see the module's docstring). ``counted``
     utterances are decoded again with a counting decodable for the share of classes read per frame; the
-    forward pass is timed again with each of ``batches`` padded frames per batch (``rtf_forward_by_batch``)."""
+    forward pass is timed again with each of ``batches`` padded frames per batch (``rtf_forward_by_batch``).
+    ``device`` (cpu, cuda, auto) replaces the network's ``nnet.decode.device`` for the forward pass; on a GPU
+    one utterance is run first, so that the timing leaves out the GPU's start-up."""
     import torch
 
     from asrflow.decode import ctc
@@ -102,16 +105,21 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
     if kind == "prefix" or paths.graph is None:
         raise NnetError(f"{system}: the bench times graph searches (hybrids, CTC over phones), not prefix search")
     dcfg = decoding(config, system)
+    if device is not None:
+        dcfg = replace(dcfg, device=device)
     tuned = tuned_settings(paths.tune)
     texts = read_table(Path(paths.data) / test / "text")
     chosen = sorted(texts)[::every]
     shards = split_shards(paths.data, paths.features, paths.lang, test, len(chosen), only=set(chosen), deltas=0,
                           cmvn=model_cmvn(config, system))
     final = Path(paths.model) / "final.pt"
-    scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames)
+    scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames, dcfg.device)
     network, header = scoring.load()
     feats = [x for s in shards for x in features(s)]
     utts = [u for s in shards for u in s.utts]
+    on = next(network.parameters()).device
+    if on.type == "cuda":
+        scoring.log_posteriors(feats[:1])
     start = time.perf_counter()
     posteriors = scoring.log_posteriors(feats)
     forward = time.perf_counter() - start
@@ -140,12 +148,13 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
            "rtf_forward": round(forward / audio, 4), "rtf_search": round(result.seconds / audio, 4),
            "rtf": round((forward + result.seconds) / audio, 4), "wer": round(summary["wer"], 4),
            "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"], "threads": torch.get_num_threads(),
+           "device": torch.cuda.get_device_name(on) if on.type == "cuda" else "cpu",
            "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None}
     if batches:
         row["rtf_forward_by_batch"] = {}
         for size in batches:
             start = time.perf_counter()
-            Scoring(scoring.network, scoring.frame_skip, size).log_posteriors(feats)
+            Scoring(scoring.network, scoring.frame_skip, size, scoring.device).log_posteriors(feats)
             row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
     if counted:
         matrices = [loglikes(p, opts) for p in posteriors[:counted]]

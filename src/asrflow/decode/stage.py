@@ -133,7 +133,7 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
     from asrflow.nnet.inference import Scoring
 
     dcfg = decoding(config, system)
-    network = Scoring(str(Path(net_dir).resolve() / "final.pt"), dcfg.frame_skip, dcfg.batch_frames)
+    network = Scoring(str(Path(net_dir).resolve() / "final.pt"), dcfg.frame_skip, dcfg.batch_frames, dcfg.device)
     units = [len(s.utts) for s in shards]
     if config["nnet"]["models"][system]["objective"] == "hybrid":
         if gmm_dir is None or graph_dir is None:

@@ -25,33 +25,50 @@ def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), saved
 
 
-def cached_network(path: str | Path, frame_skip: int = 1) -> tuple[torch.nn.Module, dict]:
-    """:func:`load_network`, cached by path, modification time and frame skipping (Dask workers reuse it);
-    with ``frame_skip`` k > 1 set to compute every k-th frame (:func:`~asrflow.nnet.frames.frame_skipping`).
+def scoring_device(name: str) -> torch.device:
+    """The device of ``nnet.decode.device``: ``cpu``, ``cuda`` (an error naming the key when torch sees no GPU)
+    or ``auto`` (the GPU when torch sees one, else the CPU)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        from asrflow.nnet import NnetError
+
+        raise NnetError(f"nnet.decode.device is cuda, but torch {torch.__version__} sees no GPU here "
+                        f"(CUDA build: {torch.version.cuda or 'none'}); use cpu or auto")
+    return torch.device(name)
+
+
+def cached_network(path: str | Path, frame_skip: int = 1, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """:func:`load_network`, cached by path, modification time, frame skipping and device (Dask workers reuse
+    it); with ``frame_skip`` k > 1 set to compute every k-th frame (:func:`~asrflow.nnet.frames.frame_skipping`),
+    on ``device`` (:func:`scoring_device`).
 
     Decoding tasks run one per core, so torch gets one thread here: letting every worker
     start as many threads as there are cores made LSTM decoding 25× slower on 2 cores.
     """
     torch.set_num_threads(1)
-    key = (str(path), os.stat(path).st_mtime_ns, frame_skip)
+    target = scoring_device(device)
+    key = (str(path), os.stat(path).st_mtime_ns, frame_skip, str(target))
     if key not in _NETS:
         model, saved = load_network(path)
-        _NETS[key] = (frame_skipping(model, frame_skip) if frame_skip > 1 else model), saved
+        model = frame_skipping(model, frame_skip) if frame_skip > 1 else model
+        _NETS[key] = model.to(target), saved
     return _NETS[key]
 
 
 @dataclass(frozen=True)
 class Scoring:
-    """How a decoding worker runs a trained network: its ``final.pt``, frame skipping (``nnet.decode.frame_skip``)
-    and padded frames per forward pass (``nnet.decode.batch_frames``)."""
+    """How a decoding worker runs a trained network: its ``final.pt``, frame skipping (``nnet.decode.frame_skip``),
+    padded frames per forward pass (``nnet.decode.batch_frames``) and device (``nnet.decode.device``)."""
 
     network: str
     frame_skip: int = 1
     batch_frames: int = 2000
+    device: str = "cpu"
 
     def load(self) -> tuple[torch.nn.Module, dict]:
-        """The network (cached per worker) and its ``final.pt`` header."""
-        return cached_network(self.network, self.frame_skip)
+        """The network (cached per worker, on its device) and its ``final.pt`` header."""
+        return cached_network(self.network, self.frame_skip, self.device)
 
     def log_posteriors(self, feats: list[np.ndarray]) -> list[np.ndarray]:
         """Per-frame log posteriors of each utterance (:func:`batch_log_posteriors`)."""
@@ -71,10 +88,12 @@ def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray],
     """:func:`log_posteriors` of many utterances, run in length-sorted padded batches.
 
     Batches hold at most ``max_frames`` padded frames; padding repeats each utterance's last
-    frame, and every model gives the same output for an utterance alone or in a batch.
+    frame, and every model gives the same output for an utterance alone or in a batch. Each batch
+    runs on the network's device and its log posteriors come back to the CPU.
     """
     from asrflow.nnet.data import collate
 
+    device = next(network.parameters()).device
     order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
     out: list[np.ndarray | None] = [None] * len(feats)
     start = 0
@@ -85,8 +104,8 @@ def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray],
         group = order[start:end]
         batch = collate([("", torch.from_numpy(np.ascontiguousarray(feats[i])), None) for i in group])
         with torch.no_grad():
-            logits, lengths = network(batch["feats"], batch["lengths"])
-            log_post = torch.log_softmax(logits.float(), dim=-1).numpy()
+            logits, lengths = network(batch["feats"].to(device), batch["lengths"].to(device))
+            log_post = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         for row, i in enumerate(group):
             out[i] = log_post[row, : int(lengths[row])]
         start = end
