@@ -55,7 +55,7 @@ class CountingDecodable(khg.DecodableInterface):
         return self.scores.shape[1]
 
 
-def read_share(graph: str, opts: DecodeOptions, matrices: list[np.ndarray],
+def read_share(graph: str, trans_model: Any, opts: DecodeOptions, matrices: list[np.ndarray],
                columns_to_classes: np.ndarray | None) -> tuple[float, float]:
     """Mean share of output classes whose score the search reads per frame (columns mapped to classes by
     ``columns_to_classes``: a transition id's pdf; None when columns are the classes), and how many times
@@ -65,10 +65,10 @@ def read_share(graph: str, opts: DecodeOptions, matrices: list[np.ndarray],
     classes = int(columns_to_classes.max()) + 1 if columns_to_classes is not None else matrices[0].shape[1]
     counting = [CountingDecodable(scores) for scores in matrices]
     start = time.perf_counter()
-    decode_all(graph, opts, [("utt", len(d.scores), lambda d=d: d) for d in counting])
+    decode_all(graph, trans_model, opts, [("utt", len(d.scores), lambda d=d: d) for d in counting])
     answered = time.perf_counter() - start
     start = time.perf_counter()
-    decode_all(graph, opts, [("utt", len(m), lambda m=m: khg.DecodableCtc(m)) for m in matrices])
+    decode_all(graph, trans_model, opts, [("utt", len(m), lambda m=m: khg.DecodableCtc(m)) for m in matrices])
     from_matrix = time.perf_counter() - start
     for decodable in counting:
         for columns in decodable.read:
@@ -127,14 +127,15 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
         opts = replace(hybrid.decode_options(dcfg, config["decode"]), **tuned)
         gmm = GmmModel.load(paths.gmm)
         priors = np.load(Path(paths.model) / "priors.npy")
-        graph, columns = str(Path(paths.graph).resolve() / "HCLG.fst"), gmm.tid2pdf[1:]
+        graph, trans_model, columns = str(Path(paths.graph).resolve() / "HCLG.fst"), gmm.tm, gmm.tid2pdf[1:]
 
         def loglikes(p: np.ndarray, o: DecodeOptions) -> np.ndarray:
             return hybrid.transition_loglikes(p, priors, gmm.tid2pdf, o.acoustic_scale)
     else:
         opts = replace(ctc.graph_options(dcfg, config["decode"]), **tuned)
-        graph, columns, loglikes = str(Path(paths.graph).resolve() / "TLG.fst"), None, ctc.scaled_posteriors
-    (result,) = decode_settings(utts, [len(x) for x in feats], posteriors, 0.0, graph, [opts], loglikes)
+        graph, trans_model, columns, loglikes = str(Path(paths.graph).resolve() / "TLG.fst"), None, None, \
+            ctc.scaled_posteriors
+    (result,) = decode_settings(utts, [len(x) for x in feats], posteriors, 0.0, graph, trans_model, [opts], loglikes)
     summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
     audio = result.frames * opts.frame_shift
     out = network.output if hasattr(network, "output") else None
@@ -157,7 +158,7 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
             row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
     if counted:
         matrices = [loglikes(p, opts) for p in posteriors[:counted]]
-        share, slowdown = read_share(graph, opts, matrices, columns)
+        share, slowdown = read_share(graph, trans_model, opts, matrices, columns)
         row["classes_read_per_frame"], row["python_decodable_slowdown"] = round(share, 4), round(slowdown, 2)
         row["counted_utterances"] = len(matrices)
     log(f"{system}: RTF {row['rtf']} (forward {row['rtf_forward']}, search {row['rtf_search']}), "

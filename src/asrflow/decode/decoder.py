@@ -1,7 +1,7 @@
-"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-decode-faster``, 1-best).
+"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-latgen-faster``, 1-best).
 
 The GMM's log-likelihoods of every pdf are computed for a whole utterance at once (a few
-matrix products) and searched by Kaldi's faster decoder, which keeps no lattice: every
+matrix products) and searched by Kaldi's lattice-faster decoder with a narrow lattice: every
 consumer reads only the best path. Workers cache the graph by path and modification time
 (and the word insertion penalty folded into it); each task reports the decoding time so the
 real-time factor excludes graph loading.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import add_word_penalty, kfst, khg
 
+LATTICE_BEAM = 1.0  # the decoders' lattices are never read beyond their best path: keep them narrow
 _GRAPHS: dict[tuple, object] = {}
 _PENALISED: dict[str, object] = {}
 
@@ -32,6 +33,7 @@ class DecodeOptions:
     acoustic_scale: float = 0.1
     insertion_penalty: float = 0.0  # added to the graph cost of every output word
     frame_shift: float = 0.01
+    alignments: bool = False  # keep each best path's transition ids (first passes of speaker adaptation)
 
 
 def gmm_decode_options(decode: dict) -> DecodeOptions:
@@ -61,6 +63,7 @@ class DecodeResult:
     failed: list[str]
     frames: int
     seconds: float
+    alignments: dict[str, np.ndarray] = field(default_factory=dict)  # utterance -> transition ids (opts.alignments)
 
 
 def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
@@ -85,31 +88,44 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
     return _GRAPHS[key]
 
 
-def decode_all(graph_path: str, opts: DecodeOptions,
+def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
                decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
-    """Run Kaldi's faster decoder (``decode-faster``) over ``(utt, frames, make_decodable)`` items; 1-best words.
+    """Run Kaldi's decoder over ``(utt, frames, make_decodable)`` items; 1-best words.
 
     Shared by every acoustic model: each gives a matrix of (pseudo-)log-likelihoods whose
     columns are the graph's input labels less one (transition ids of an HCLG, CTC classes of a
-    TLG). The best path ends in a final state where the search reached one, with its final
-    weight; else it is the best partial path. An utterance with no surviving path is failed.
-    Only the best path is ever read, so no lattice is kept: on speechocean762's triphone HCLG,
-    decoding took 17–33 % less time than with Kaldi's lattice-faster decoder and a one-unit
-    lattice, at the same WER (docs/gmm.md).
+    TLG). With a transition model (an HCLG) the lattice-faster decoder searches, keeping a
+    lattice only :data:`LATTICE_BEAM` wide (only the best path is read) and ending in a final
+    state where one is reached, else in the best partial path; an utterance with no surviving
+    path is failed. With ``opts.alignments`` each successful utterance's best path is kept as
+    transition ids. Without one (``trans_model`` None: a TLG, whose input labels are CTC
+    classes + 1) Kaldi's faster decoder finds the best path.
     """
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
-    decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active))
-    hyps, failed, total = {}, [], 0
+    if trans_model is None:
+        decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active))
+    else:
+        config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
+                                                lattice_beam=LATTICE_BEAM)
+        decoder = khg.LatticeFasterDecoder(graph, config)
+    hyps, failed, total, alignments = {}, [], 0, {}
     start = time.perf_counter()
     for utt, frames, make in decodables:
-        decoder.decode(make())
-        ok, path = decoder.get_best_path(use_final_probs=True)
-        words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
+        if trans_model is None:
+            decoder.decode(make())
+            ok, path = decoder.get_best_path()
+            words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
+        else:
+            ok, path, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
+                                                                     trans_model=trans_model, utt=utt,
+                                                                     allow_partial=True)
+            if ok and opts.alignments:
+                alignments[utt] = np.asarray(path, dtype=np.int32)
         hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)
         total += frames
-    return DecodeResult(hyps, failed, total, time.perf_counter() - start)
+    return DecodeResult(hyps, failed, total, time.perf_counter() - start, alignments)
 
 
 def per_setting(settings: list[DecodeOptions],
@@ -123,7 +139,7 @@ def per_setting(settings: list[DecodeOptions],
 
 
 def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndarray], forward: float,
-                    graph_path: str, settings: list[DecodeOptions],
+                    graph_path: str, trans_model, settings: list[DecodeOptions],
                     loglikes: Callable[[np.ndarray, DecodeOptions], np.ndarray]) -> list[DecodeResult]:
     """Search a graph once per setting with one network forward pass (``posteriors``, which took ``forward`` s).
 
@@ -134,7 +150,7 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
     def search(opts: DecodeOptions) -> DecodeResult:
         items = [(utt, n, lambda p=p: khg.DecodableCtc(loglikes(p, opts)))
                  for utt, n, p in zip(utts, frames, posteriors)]
-        result = decode_all(graph_path, opts, items)
+        result = decode_all(graph_path, trans_model, opts, items)
         result.seconds += forward
         return result
 
@@ -154,7 +170,7 @@ def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
     feats = features(shard)
     loglikes = [model.pdf_loglikes(x) for x in feats]
     return decode_settings(list(shard.utts), [x.shape[0] for x in feats], loglikes, time.perf_counter() - start,
-                           graph_path, settings,
+                           graph_path, model.tm, settings,
                            lambda p, opts: transition_columns(p, model.tid2pdf, opts.acoustic_scale))
 
 

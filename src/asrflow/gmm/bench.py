@@ -94,7 +94,7 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
     for beam, max_active in searches:
         for scale in scales:
             opts = replace(base, beam=beam, max_active=max_active, acoustic_scale=scale)
-            result = decode_all(graph, opts, [(u, len(x), lambda x=x, s=scale: gmm_decodable(model, x, s))
+            result = decode_all(graph, model.tm, opts, [(u, len(x), lambda x=x, s=scale: gmm_decodable(model, x, s))
                                                         for u, x in zip(utts, feats)])
             summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
             row = {"model": str(model_dir), "test": test, "every": every, "utterances": len(utts), "beam": beam,
