@@ -7,6 +7,7 @@ from asrflow.data.perturb import perturbed_split
 from asrflow.workflow import (
     align_inputs,
     dask_threads,
+    decode_gres,
     decode_nnet_fingerprint,
     ensemble_inputs,
     ensemble_systems,

@@ -111,6 +111,7 @@ rule decode_nnet:
     resources:
         mem_mb=job_resource("decode", "mem_mb", reads="test"),  # MB (sbatch --mem)
         runtime=job_resource("decode", "runtime", reads="test"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
+        gres=lambda wildcards: decode_gres(config, wildcards.system),  # a GPU with nnet.decode.device: cuda
     log:
         f"{RESULTS}/logs/decode.{{system}}.{{test}}.log",
     benchmark:
@@ -139,6 +140,7 @@ rule tune_nnet:
     resources:
         mem_mb=job_resource("tune", "mem_mb", reads="train"),  # MB (sbatch --mem)
         runtime=job_resource("tune", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
+        gres=lambda wildcards: decode_gres(config, wildcards.system),  # a GPU with nnet.decode.device: cuda
     log:
         f"{RESULTS}/logs/tune.{{train}}.{{system}}.log",
     benchmark:

@@ -164,6 +164,14 @@ def launch_resources(config: dict[str, Any], system: str) -> dict[str, Any]:
             "tasks_per_gpu": 0 if par["gpus"] else None}  # 0: no --ntasks-per-gpu (one task per node)
 
 
+def decode_gres(config: dict[str, Any], system: str) -> str | None:
+    """Slurm GPUs of decoding or tuning network ``system``: one (``--gres=gpu:1``) when its
+    ``nnet.decode.device`` is ``cuda``, none otherwise (``auto`` uses a GPU only where the job lands on one)."""
+    from asrflow.config.settings import decoding
+
+    return "gpu:1" if decoding(config, system).device == "cuda" else None
+
+
 def train_split(test: str, config: dict[str, Any] | None = None) -> str:
     """The training split paired with a test split: ``evaluation.train_of`` when it names one, else by name
     (``test`` → ``train``, ``loso_x_test`` → ``loso_x_train``)."""

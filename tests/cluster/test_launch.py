@@ -9,7 +9,15 @@ import pytest
 
 from asrflow.cluster.client import slurm_options
 from asrflow.cluster.launch import LaunchError, expand_nodelist, launch_command, per_node, rendezvous_port
-from asrflow.workflow import JOB_COSTS, dask_threads, job_resource, launch_resources, per_attempt, stage_fingerprint
+from asrflow.workflow import (
+    JOB_COSTS,
+    dask_threads,
+    decode_gres,
+    job_resource,
+    launch_resources,
+    per_attempt,
+    stage_fingerprint,
+)
 from tests.conftest import make_config
 
 TRAIN = ["asrflow", "nnet", "--system", "dnn"]
@@ -76,6 +84,16 @@ def test_training_job_resources(tmp_path) -> None:
                                                "tasks_per_gpu": None}
     assert launch_resources(config, "wide") == {"nodes": 2, "tasks": 2, "mpi": "srun", "gres": "gpu:4",
                                                 "tasks_per_gpu": 0}
+
+
+def test_decoding_jobs_ask_for_a_gpu_only_to_decode_on_one(tmp_path) -> None:
+    """``nnet.decode.device: cuda`` (for all networks or one) gives the decode and tune jobs ``--gres=gpu:1``."""
+    models = {"cpu": {"type": "dnn"}, "auto": {"type": "dnn", "decode": {"device": "auto"}},
+              "gpu": {"type": "dnn", "decode": {"device": "cuda"}}}
+    config = make_config(tmp_path, nnet={"models": models})
+    assert [decode_gres(config, s) for s in ("cpu", "auto", "gpu")] == [None, None, "gpu:1"]
+    config = make_config(tmp_path, nnet={"decode": {"device": "cuda"}, "models": {"net": {"type": "dnn"}}})
+    assert decode_gres(config, "net") == "gpu:1"
 
 
 def test_memory_and_time_grow_on_the_retry() -> None:
