@@ -54,7 +54,7 @@ def test_tlg_decodes_ctc_posteriors_into_words(lang: Path, frames: str, words: s
     units = PhoneUnits.from_lang(lang / "lang")
     post = _posteriors(units, frames.split())
     items = [("u", len(post), lambda: khg.DecodableCtc(post))]
-    result = decode_all(str(lang / "graph" / "TLG.fst"), None, DecodeOptions(beam=13.0, max_active=1000), items)
+    result = decode_all(str(lang / "graph" / "TLG.fst"), DecodeOptions(beam=13.0, max_active=1000), items)
     assert result.hyps["u"] == words.split() and not result.failed
 
 
@@ -62,7 +62,7 @@ def test_a_repeated_unit_without_blank_is_one_unit(lang: Path) -> None:
     """CTC collapsing: "g.n g.n g.o" is n-o once; "no no" needs the blank or another unit between."""
     units = PhoneUnits.from_lang(lang / "lang")
     post = _posteriors(units, ["g.n", "g.n", "g.o", "g.o", "g.o"])
-    result = decode_all(str(lang / "graph" / "TLG.fst"), None, DecodeOptions(),
+    result = decode_all(str(lang / "graph" / "TLG.fst"), DecodeOptions(),
                         [("u", len(post), lambda: khg.DecodableCtc(post))])
     assert result.hyps["u"] == ["no"]
 
@@ -91,6 +91,16 @@ def test_the_tlg_search_ends_in_a_final_state(tmp_path: Path) -> None:
     graph.write(str(tmp_path / "TLG.fst"))
     (tmp_path / "words.txt").write_text("<eps> 0\ngood 1\nbad 2\n")
     post = np.log(np.array([[0.3, 0.7]] * 6, dtype=np.float32))
-    result = decode_all(str(tmp_path / "TLG.fst"), None, DecodeOptions(),
+    result = decode_all(str(tmp_path / "TLG.fst"), DecodeOptions(),
                         [("u", len(post), lambda: khg.DecodableCtc(post))])
-    assert result.hyps["u"] == ["good"]
+    assert result.hyps["u"] == ["good"] and result.partial == []
+    narrow = decode_all(str(tmp_path / "TLG.fst"), DecodeOptions(max_active=5),  # fewer than decoder.MIN_ACTIVE
+                        [("u", len(post), lambda: khg.DecodableCtc(post))])
+    assert narrow.hyps == result.hyps
+    with pytest.raises(ValueError, match="max_active is 1"):
+        decode_all(str(tmp_path / "TLG.fst"), DecodeOptions(max_active=1), [])
+    # without the final state: the best partial path, and the utterance listed as partial
+    graph.set_final(3, float("inf"))
+    graph.write(str(tmp_path / "TLG.fst"))
+    result = decode_all(str(tmp_path / "TLG.fst"), DecodeOptions(), [("u", len(post), lambda: khg.DecodableCtc(post))])
+    assert result.hyps["u"] == ["bad"] and result.partial == ["u"] and result.failed == []

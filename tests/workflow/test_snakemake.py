@@ -63,6 +63,8 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
         assert tune["objective"] == "gmm" and tune["utterances"] == 6 and len(tune["grid"]) == 30, tune
         assert tune["oov_rate"] == 0.0  # yes and no are in every training transcript
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
+        assert decoded["failed"] == [] and decoded["partial"] == []  # every search reached a final state
+        assert scores[system]["decode_partial"] == 0
         assert not (res / "tune" / "train" / system / "graph").exists()  # graph/train_heldout/<gmm>: built once
     assert sorted(p.name for p in (res / "graph" / "train_heldout").iterdir()) == ["lda", "mono", "sat", "tri"]
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
@@ -176,11 +178,13 @@ def test_bench_mmi_times_each_denominator(yesno_run: Path, monkeypatch, capsys) 
 def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatch) -> None:
     """``asrflow bench networks`` decodes as the decode stage does (every utterance: the same WER), with the
     forward pass and the search timed apart, and counts the classes the search reads per frame (timing the search
-    with every score answered from Python against the matrix); on a GPU, with the forward pass there."""
+    with every score answered from Python against the matrix), against Kaldi's lattice-faster decoder on request;
+    on a GPU, with the forward pass there."""
     import torch
 
     from asrflow.config import load_config
     from asrflow.decode.bench import network_benchmark
+    from asrflow.nnet import NnetError
     from asrflow.workflow import nnet_decode_inputs
 
     monkeypatch.chdir(yesno_run)
@@ -194,6 +198,13 @@ def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatc
         assert 0 < row["classes_read_per_frame"] <= 1 and row["threads"] == 1 and row["device"] == "cpu"
         assert row["python_decodable_slowdown"] > 0
         assert set(row["rtf_forward_by_batch"]) == {"1", "4000"}
+    # the hybrid's scores searched by Kaldi's lattice-faster decoder as well: the same words
+    row = network_benchmark(config, "dnn", nnet_decode_inputs(config, "test", "dnn"), "test", 1, lattice=True,
+                            log=lambda line: None)
+    assert row["words_differ"] == 0 and row["partial_paths"] == 0 and row["lattice_rtf_search"] > 0
+    with pytest.raises(NnetError, match="TLG"):
+        network_benchmark(config, "ctc_phone", nnet_decode_inputs(config, "test", "ctc_phone"), "test", 1,
+                          lattice=True, log=lambda line: None)
     if torch.cuda.is_available():  # the forward pass on the GPU, the search on the CPU: the same words
         row = network_benchmark(config, "dnn", nnet_decode_inputs(config, "test", "dnn"), "test", 1, device="cuda",
                                 log=lambda line: None)

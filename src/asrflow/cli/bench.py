@@ -53,7 +53,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     config = _load(args)
     searches = [(float(b), int(m)) for b, m in (pair.split(":") for pair in args.searches.split(","))]
     rows = decode_benchmark(config, args.model, args.graph, args.data, args.features, args.lang, args.test, args.every,
-                            searches, [float(s) for s in args.scales.split(",")], args.adapted, log=_log)
+                            searches, [float(s) for s in args.scales.split(",")], args.adapted, args.lattice, log=_log)
     return json_lines(rows, args.out)
 
 
@@ -71,7 +71,8 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
     config = _load(args)
     batches = [int(b) for b in args.batch_frames.split(",")] if args.batch_frames else None
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
-                              counted=args.count, batches=batches, device=args.device, log=_log)
+                              counted=args.count, batches=batches, device=args.device, lattice=args.lattice,
+                              log=_log)
             for system in args.systems]
     json_lines(rows, args.out)
     if args.plot:
@@ -219,6 +220,8 @@ def register(sub: Any) -> Any:
     p.add_argument("--searches", default="13:7000", help="comma-separated beam:max-active pairs")
     p.add_argument("--scales", default="0.1", help="comma-separated acoustic scales")
     p.add_argument("--adapted", action="store_true", help="--features holds fMLLR-adapted features (<gmm>_fmllr)")
+    p.add_argument("--lattice", action="store_true", help="search the same likelihoods with Kaldi's lattice-faster "
+                   "decoder too (gmm-latgen-faster's search, one-unit lattice): its time and the words that differ")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_decode)
 
@@ -233,6 +236,8 @@ def register(sub: Any) -> Any:
     p.add_argument("--rows", help="plot these JSON lines (from --out) instead of decoding")
     p.add_argument("--batch-frames", help="comma-separated padded frames per forward batch to time the forward pass "
                    "with as well (1: one utterance at a time)")
+    p.add_argument("--lattice", action="store_true", help="hybrids: search the same scores with Kaldi's lattice-faster "
+                   "decoder too (one-unit lattice): its time and the words that differ")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="run the forward pass here (the search stays on "
                    "the CPU); default: each network's nnet.decode.device")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")

@@ -49,7 +49,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
             else:
                 info = decode_split_nnet(config, args.system, args.test, Paths.of(args), client, tuned=tuned,
                                          log=_log)
-        run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"])})
+        run.log_metrics({"rtf": info["rtf"], "utterances": info["utterances"], "failed": len(info["failed"]),
+                         "partial": len(info["partial"])})
     return 0
 
 

@@ -1,1 +1,1 @@
-"""Decoding with HCLG and Kaldi's lattice-faster decoder, in Dask tasks over shards."""
+"""Decoding with HCLG and Kaldi's faster decoder (1-best), in Dask tasks over shards."""

@@ -23,7 +23,7 @@ from asrflow.config import model_cmvn
 from asrflow.config.paths import Paths
 from asrflow.config.settings import decoding
 from asrflow.data.datadir import read_table
-from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings
+from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings, lattice_search
 from asrflow.decode.stage import decoder_kind
 from asrflow.decode.tune import tuned_settings
 from asrflow.gmm.estep import features
@@ -55,7 +55,7 @@ class CountingDecodable(khg.DecodableInterface):
         return self.scores.shape[1]
 
 
-def read_share(graph: str, trans_model: Any, opts: DecodeOptions, matrices: list[np.ndarray],
+def read_share(graph: str, opts: DecodeOptions, matrices: list[np.ndarray],
                columns_to_classes: np.ndarray | None) -> tuple[float, float]:
     """Mean share of output classes whose score the search reads per frame (columns mapped to classes by
     ``columns_to_classes``: a transition id's pdf; None when columns are the classes), and how many times
@@ -65,10 +65,10 @@ def read_share(graph: str, trans_model: Any, opts: DecodeOptions, matrices: list
     classes = int(columns_to_classes.max()) + 1 if columns_to_classes is not None else matrices[0].shape[1]
     counting = [CountingDecodable(scores) for scores in matrices]
     start = time.perf_counter()
-    decode_all(graph, trans_model, opts, [("utt", len(d.scores), lambda d=d: d) for d in counting])
+    decode_all(graph, opts, [("utt", len(d.scores), lambda d=d: d) for d in counting])
     answered = time.perf_counter() - start
     start = time.perf_counter()
-    decode_all(graph, trans_model, opts, [("utt", len(m), lambda m=m: khg.DecodableCtc(m)) for m in matrices])
+    decode_all(graph, opts, [("utt", len(m), lambda m=m: khg.DecodableCtc(m)) for m in matrices])
     from_matrix = time.perf_counter() - start
     for decodable in counting:
         for columns in decodable.read:
@@ -84,13 +84,15 @@ def _paths(inputs: dict[str, str]) -> Paths:
 
 def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
                       counted: int = 0, batches: list[int] | None = None, device: str | None = None,
-                      log=print) -> dict[str, Any]:
+                      lattice: bool = False, log=print) -> dict[str, Any]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with network ``system`` (its decode-stage
     ``inputs``) on one core; the row of timings, sizes and WER (see the module's docstring). ``counted``
     utterances are decoded again with a counting decodable for the share of classes read per frame; the
     forward pass is timed again with each of ``batches`` padded frames per batch (``rtf_forward_by_batch``).
     ``device`` (cpu, cuda, auto) replaces the network's ``nnet.decode.device`` for the forward pass; on a GPU
-    one utterance is run first, so that the timing leaves out the GPU's start-up."""
+    one utterance is run first, so that the timing leaves out the GPU's start-up. With ``lattice`` a hybrid's
+    scores are searched again by Kaldi's lattice-faster decoder (:func:`lattice_search`): its search time, the
+    speed-up and the utterances whose words differ join the row."""
     import torch
 
     from asrflow.decode import ctc
@@ -104,6 +106,8 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
     kind = decoder_kind(model)
     if kind == "prefix" or paths.graph is None:
         raise NnetError(f"{system}: the bench times graph searches (hybrids, CTC over phones), not prefix search")
+    if lattice and kind != "hclg":
+        raise NnetError(f"{system}: --lattice compares HCLG searches (hybrids); a TLG has no transition model")
     dcfg = decoding(config, system)
     if device is not None:
         dcfg = replace(dcfg, device=device)
@@ -127,15 +131,14 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
         opts = replace(hybrid.decode_options(dcfg, config["decode"]), **tuned)
         gmm = GmmModel.load(paths.gmm)
         priors = np.load(Path(paths.model) / "priors.npy")
-        graph, trans_model, columns = str(Path(paths.graph).resolve() / "HCLG.fst"), gmm.tm, gmm.tid2pdf[1:]
+        graph, columns = str(Path(paths.graph).resolve() / "HCLG.fst"), gmm.tid2pdf[1:]
 
         def loglikes(p: np.ndarray, o: DecodeOptions) -> np.ndarray:
             return hybrid.transition_loglikes(p, priors, gmm.tid2pdf, o.acoustic_scale)
     else:
         opts = replace(ctc.graph_options(dcfg, config["decode"]), **tuned)
-        graph, trans_model, columns, loglikes = str(Path(paths.graph).resolve() / "TLG.fst"), None, None, \
-            ctc.scaled_posteriors
-    (result,) = decode_settings(utts, [len(x) for x in feats], posteriors, 0.0, graph, trans_model, [opts], loglikes)
+        graph, columns, loglikes = str(Path(paths.graph).resolve() / "TLG.fst"), None, ctc.scaled_posteriors
+    (result,) = decode_settings(utts, [len(x) for x in feats], posteriors, 0.0, graph, [opts], loglikes)
     summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
     audio = result.frames * opts.frame_shift
     out = network.output if hasattr(network, "output") else None
@@ -150,6 +153,13 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
            "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"], "threads": torch.get_num_threads(),
            "device": torch.cuda.get_device_name(on) if on.type == "cuda" else "cpu",
            "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None}
+    row["partial_paths"] = len(result.partial)
+    if lattice:
+        items = [(u, len(p), lambda p=p: khg.DecodableCtc(loglikes(p, opts))) for u, p in zip(utts, posteriors)]
+        reference = lattice_search(graph, gmm.tm, opts, items)
+        row["lattice_rtf_search"] = round(reference.seconds / audio, 4)
+        row["search_speedup"] = round(reference.seconds / max(result.seconds, 1e-9), 2)
+        row["words_differ"] = sum(reference.hyps[u] != result.hyps[u] for u in utts)
     if batches:
         row["rtf_forward_by_batch"] = {}
         for size in batches:
@@ -158,7 +168,7 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
             row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
     if counted:
         matrices = [loglikes(p, opts) for p in posteriors[:counted]]
-        share, slowdown = read_share(graph, trans_model, opts, matrices, columns)
+        share, slowdown = read_share(graph, opts, matrices, columns)
         row["classes_read_per_frame"], row["python_decodable_slowdown"] = round(share, 4), round(slowdown, 2)
         row["counted_utterances"] = len(matrices)
     log(f"{system}: RTF {row['rtf']} (forward {row['rtf_forward']}, search {row['rtf_search']}), "

@@ -104,7 +104,7 @@ def decode_shard_graph_settings(shard: Shard, scoring: Scoring, graph_path: str,
     feats = features(shard)
     posteriors = scoring.log_posteriors(feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
-                           graph_path, None, settings, scaled_posteriors)
+                           graph_path, settings, scaled_posteriors)
 
 
 def scaled_posteriors(log_post: np.ndarray, opts: DecodeOptions) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-latgen-faster``, 1-best).
+"""Decode shards of utterances with a GMM-HMM and its HCLG graph (``gmm-decode-faster``, 1-best).
 
 The GMM's log-likelihoods of every pdf are computed for a whole utterance at once (a few
-matrix products) and searched by Kaldi's lattice-faster decoder with a narrow lattice: every
+matrix products) and searched by Kaldi's faster decoder, which keeps no lattice: every
 consumer reads only the best path. Workers cache the graph by path and modification time
 (and the word insertion penalty folded into it); each task reports the decoding time so the
 real-time factor excludes graph loading.
@@ -21,7 +21,9 @@ from asrflow.gmm.estep import Shard, features
 from asrflow.gmm.model import GmmModel
 from asrflow.kaldi import add_word_penalty, kfst, khg
 
-LATTICE_BEAM = 1.0  # the decoders' lattices are never read beyond their best path: keep them narrow
+# Never prune below this many active states (Kaldi's lattice-faster default; its faster decoder's 20
+# prunes a small graph such as yesno's by the beam alone, and misses final states the wider search keeps).
+MIN_ACTIVE = 200
 _GRAPHS: dict[tuple, object] = {}
 _PENALISED: dict[str, object] = {}
 
@@ -33,7 +35,6 @@ class DecodeOptions:
     acoustic_scale: float = 0.1
     insertion_penalty: float = 0.0  # added to the graph cost of every output word
     frame_shift: float = 0.01
-    alignments: bool = False  # keep each best path's transition ids (first passes of speaker adaptation)
 
 
 def gmm_decode_options(decode: dict) -> DecodeOptions:
@@ -63,7 +64,7 @@ class DecodeResult:
     failed: list[str]
     frames: int
     seconds: float
-    alignments: dict[str, np.ndarray] = field(default_factory=dict)  # utterance -> transition ids (opts.alignments)
+    partial: list[str] = field(default_factory=list)  # searched to the end but reached no final state
 
 
 def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
@@ -88,44 +89,63 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
     return _GRAPHS[key]
 
 
-def decode_all(graph_path: str, trans_model, opts: DecodeOptions,
+def min_active(max_active: int) -> int:
+    """The fewest states a search keeps: :data:`MIN_ACTIVE`, below ``max_active`` (as Kaldi's decoders require)."""
+    if max_active < 2:
+        raise ValueError(f"max_active is {max_active}: Kaldi's decoders need at least 2 active states")
+    return min(MIN_ACTIVE, max_active - 1)
+
+
+def decode_all(graph_path: str, opts: DecodeOptions,
                decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
-    """Run Kaldi's decoder over ``(utt, frames, make_decodable)`` items; 1-best words.
+    """Run Kaldi's faster decoder (``decode-faster``) over ``(utt, frames, make_decodable)`` items; 1-best words.
 
     Shared by every acoustic model: each gives a matrix of (pseudo-)log-likelihoods whose
     columns are the graph's input labels less one (transition ids of an HCLG, CTC classes of a
-    TLG). With a transition model (an HCLG) the lattice-faster decoder searches, keeping a
-    lattice only :data:`LATTICE_BEAM` wide (only the best path is read) and ending in a final
-    state where one is reached, else in the best partial path; an utterance with no surviving
-    path is failed. With ``opts.alignments`` each successful utterance's best path is kept as
-    transition ids. Without one (``trans_model`` None: a TLG, whose input labels are CTC
-    classes + 1) Kaldi's faster decoder finds the best path.
+    TLG). The best path ends in a final state where the search reached one, with its final
+    weight; else it is the best partial path (the utterance is listed in ``partial``). An
+    utterance with no surviving path is failed. Only the best path is ever read, so no lattice
+    is kept: with the same beams (and :data:`MIN_ACTIVE`) it finds the words Kaldi's
+    lattice-faster decoder finds, in less time (:func:`lattice_search`, ``asrflow bench decode
+    --lattice``).
     """
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
-    if trans_model is None:
-        decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active))
-    else:
-        config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
-                                                lattice_beam=LATTICE_BEAM)
-        decoder = khg.LatticeFasterDecoder(graph, config)
-    hyps, failed, total, alignments = {}, [], 0, {}
+    decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active,
+                                                                 min_active=min_active(opts.max_active)))
+    hyps, failed, partial, total = {}, [], [], 0
     start = time.perf_counter()
     for utt, frames, make in decodables:
-        if trans_model is None:
-            decoder.decode(make())
-            ok, path = decoder.get_best_path()
-            words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
-        else:
-            ok, path, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
-                                                                     trans_model=trans_model, utt=utt,
-                                                                     allow_partial=True)
-            if ok and opts.alignments:
-                alignments[utt] = np.asarray(path, dtype=np.int32)
+        decoder.decode(make())
+        if not decoder.reached_final():
+            partial.append(utt)
+        ok, path = decoder.get_best_path(use_final_probs=True)
+        words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
         hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)
         total += frames
-    return DecodeResult(hyps, failed, total, time.perf_counter() - start, alignments)
+    return DecodeResult(hyps, failed, total, time.perf_counter() - start, partial)
+
+
+def lattice_search(graph_path: str, trans_model, opts: DecodeOptions,
+                   decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
+    """:func:`decode_all`'s search done by Kaldi's lattice-faster decoder (``gmm-latgen-faster``) with a lattice
+    one unit wide, the same beams and :data:`MIN_ACTIVE`: the reference that ``asrflow bench decode --lattice``
+    times the faster decoder against (an HCLG's, whose input labels are transition ids of ``trans_model``)."""
+    graph, id2word = _graph(graph_path, opts.insertion_penalty)
+    config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
+                                            min_active=min_active(opts.max_active), lattice_beam=1.0)
+    decoder = khg.LatticeFasterDecoder(graph, config)
+    hyps, failed, total = {}, [], 0
+    start = time.perf_counter()
+    for utt, frames, make in decodables:
+        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
+                                                              trans_model=trans_model, utt=utt, allow_partial=True)
+        hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
+        if not ok:
+            failed.append(utt)
+        total += frames
+    return DecodeResult(hyps, failed, total, time.perf_counter() - start)
 
 
 def per_setting(settings: list[DecodeOptions],
@@ -139,7 +159,7 @@ def per_setting(settings: list[DecodeOptions],
 
 
 def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndarray], forward: float,
-                    graph_path: str, trans_model, settings: list[DecodeOptions],
+                    graph_path: str, settings: list[DecodeOptions],
                     loglikes: Callable[[np.ndarray, DecodeOptions], np.ndarray]) -> list[DecodeResult]:
     """Search a graph once per setting with one network forward pass (``posteriors``, which took ``forward`` s).
 
@@ -150,7 +170,7 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
     def search(opts: DecodeOptions) -> DecodeResult:
         items = [(utt, n, lambda p=p: khg.DecodableCtc(loglikes(p, opts)))
                  for utt, n, p in zip(utts, frames, posteriors)]
-        result = decode_all(graph_path, trans_model, opts, items)
+        result = decode_all(graph_path, opts, items)
         result.seconds += forward
         return result
 
@@ -170,7 +190,7 @@ def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
     feats = features(shard)
     loglikes = [model.pdf_loglikes(x) for x in feats]
     return decode_settings(list(shard.utts), [x.shape[0] for x in feats], loglikes, time.perf_counter() - start,
-                           graph_path, model.tm, settings,
+                           graph_path, settings,
                            lambda p, opts: transition_columns(p, model.tid2pdf, opts.acoustic_scale))
 
 

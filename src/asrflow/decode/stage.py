@@ -99,13 +99,16 @@ def decoder_settings(opts: Any) -> dict[str, Any]:
 
 def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float, settings: dict[str, Any],
                  log=print) -> dict[str, Any]:
-    """Write ``hyp.txt`` (:func:`write_hyps`) and ``manifest.json`` (RTF, failures, settings)."""
+    """Write ``hyp.txt`` (:func:`write_hyps`) and ``manifest.json`` (RTF, failures, utterances whose search
+    reached no final state and kept its best partial path, settings)."""
     write_hyps(out / "hyp.txt", results)
     info = {"test": test, "utterances": sum(len(r.hyps) for r in results), "frames": sum(r.frames for r in results),
-            "failed": sorted(u for r in results for u in r.failed), "rtf": rtf(results),
+            "failed": sorted(u for r in results for u in r.failed),
+            "partial": sorted(u for r in results for u in r.partial), "rtf": rtf(results),
             "wall_seconds": round(wall, 3), **settings}
     (out / "manifest.json").write_text(json.dumps(info, indent=2) + "\n")
-    log(f"decoded {info['utterances']} utterances of {test}: RTF {info['rtf']:.4f} (one core per task)")
+    log(f"decoded {info['utterances']} utterances of {test}: RTF {info['rtf']:.4f} (one core per task); "
+        f"{len(info['failed'])} failed, {len(info['partial'])} reached no final state (best partial path kept)")
     return info
 
 

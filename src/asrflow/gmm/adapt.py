@@ -90,7 +90,7 @@ def speaker_stats(item: tuple[Shard, dict[str, Alignment] | None, dict[str, np.n
     if alignments is None:
         items = [(u, len(x), lambda x=x: gmm_decodable(model, x, opts.decode.acoustic_scale))
                  for u, x in zip(shard.utts, feats)]
-        hyps = decode_all(graph_path, model.tm, opts.decode, items).hyps
+        hyps = decode_all(graph_path, opts.decode, items).hyps
         words = read_symbols(lang / "words.txt")
         tree_id = tree_key(model)
     silence = [int(p) for p in (lang / "silence.int").read_text().split()]

@@ -71,14 +71,18 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
 def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, data_dir: str | Path,
                      feats_dir: str | Path, lang_dir: str | Path, test: str, every: int,
                      searches: list[tuple[float, int]], scales: list[float], adapted: bool = False,
-                     log=print) -> list[dict[str, Any]]:
+                     lattice: bool = False, log=print) -> list[dict[str, Any]]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with the GMM in ``model_dir`` through its HCLG
     at each (beam, max-active) of ``searches`` and acoustic scale of ``scales``, in this process; one row per
-    setting with the one-core RTF (search and GMM likelihoods) and the WER."""
+    setting with the one-core RTF (the GMM's likelihoods, computed once as the decode stage does, and the
+    search), the search's alone, utterances that reached no final state, and the WER. With ``lattice`` the
+    same likelihoods are searched again by Kaldi's lattice-faster decoder (:func:`lattice_search`): its search
+    time, the speed-up and the utterances whose words differ join the row."""
     from dataclasses import replace
 
     from asrflow.data.datadir import read_table
-    from asrflow.decode.decoder import decode_all, gmm_decodable, gmm_decode_options
+    from asrflow.decode.decoder import decode_all, gmm_decode_options, lattice_search, transition_columns
+    from asrflow.kaldi import khg
     from asrflow.score.wer import score_corpus
 
     texts = read_table(Path(data_dir) / test / "text")
@@ -90,17 +94,32 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
     utts = [u for s in shards for u in s.utts]
     graph = str(Path(graph_dir).resolve() / "HCLG.fst")
     base = gmm_decode_options(config["decode"])
+    start = time.perf_counter()
+    pdf_scores = [model.pdf_loglikes(x) for x in feats]
+    likelihoods = time.perf_counter() - start
     rows = []
     for beam, max_active in searches:
         for scale in scales:
             opts = replace(base, beam=beam, max_active=max_active, acoustic_scale=scale)
-            result = decode_all(graph, model.tm, opts, [(u, len(x), lambda x=x, s=scale: gmm_decodable(model, x, s))
-                                                        for u, x in zip(utts, feats)])
+            start = time.perf_counter()
+            matrices = [transition_columns(p, model.tid2pdf, scale) for p in pdf_scores]
+            layout = time.perf_counter() - start
+            items = [(u, len(m), lambda m=m: khg.DecodableCtc(m)) for u, m in zip(utts, matrices)]
+            result = decode_all(graph, opts, items)
             summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
+            audio = result.frames * 0.01
             row = {"model": str(model_dir), "test": test, "every": every, "utterances": len(utts), "beam": beam,
                    "max_active": max_active, "acoustic_scale": scale,
-                   "rtf": round(result.seconds / (result.frames * 0.01), 4), "wer": round(summary["wer"], 4),
-                   "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"]}
+                   "rtf": round((likelihoods + layout + result.seconds) / audio, 4),
+                   "rtf_search": round(result.seconds / audio, 4), "partial_paths": len(result.partial),
+                   "wer": round(summary["wer"], 4), "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"]}
+            if lattice:
+                reference = lattice_search(graph, model.tm, opts, items)
+                row["lattice_rtf_search"] = round(reference.seconds / audio, 4)
+                row["search_speedup"] = round(reference.seconds / max(result.seconds, 1e-9), 2)
+                row["words_differ"] = sum(reference.hyps[u] != result.hyps[u] for u in utts)
             rows.append(row)
-            log(f"beam {beam} max-active {max_active} scale {scale}: RTF {row['rtf']}, WER {100 * row['wer']:.2f} %")
+            log(f"beam {beam} max-active {max_active} scale {scale}: RTF {row['rtf']} (search {row['rtf_search']}"
+                + (f", lattice-faster's {row['lattice_rtf_search']}" if lattice else "")
+                + f"), WER {100 * row['wer']:.2f} %")
     return rows

@@ -2,7 +2,7 @@
 
 The network predicts tied states (the triphone tree's pdfs). Scaled pseudo-likelihoods
 ``acoustic_scale · (log p(pdf | x) − log p(pdf))`` are laid out per transition id and
-handed to Kaldi's lattice-faster decoder through the wheels' matrix decodable.
+handed to Kaldi's faster decoder through the wheels' matrix decodable.
 """
 
 from __future__ import annotations
@@ -87,5 +87,5 @@ def decode_shard_settings(shard: Shard, scoring: Scoring, priors: np.ndarray, gm
     feats = features(shard)
     posteriors = scoring.log_posteriors(feats)
     return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
-                           graph_path, gmm.tm, settings,
+                           graph_path, settings,
                            lambda p, opts: transition_loglikes(p, priors, gmm.tid2pdf, opts.acoustic_scale))

@@ -154,11 +154,11 @@ class Transcriber:
             posteriors = [log_posteriors(self.network, x) for x in feats]
             if self.kind == "hclg":
                 priors = self.header["priors"].numpy()
-                opts, tm = decode_options(decode, self.settings["graph_decode"]), self.gmm.tm
+                opts = decode_options(decode, self.settings["graph_decode"])
                 loglikes = lambda p, o: transition_loglikes(p, priors, self.gmm.tid2pdf, o.acoustic_scale)  # noqa: E731
             else:
-                opts, tm, loglikes = graph_options(decode, self.settings["graph_decode"]), None, scaled_posteriors
-            result = decode_settings(utts, [x.shape[0] for x in feats], posteriors, 0.0, self.graph, tm, [opts],
+                opts, loglikes = graph_options(decode, self.settings["graph_decode"]), scaled_posteriors
+            result = decode_settings(utts, [x.shape[0] for x in feats], posteriors, 0.0, self.graph, [opts],
                                      loglikes)[0]
             return [" ".join(result.hyps[u]) for u in utts]
         from asrflow.decode.ctc import prefix_beam_search, search_options, vocabulary_for

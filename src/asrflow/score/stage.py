@@ -32,6 +32,8 @@ def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_di
     summary, scores = score_corpus(refs, hyps, utt2spk, vocabulary, rtf=decode_info["rtf"])
     summary["test_set"] = test
     summary["decode_failed"] = len(decode_info["failed"])
+    if "partial" in decode_info:  # utterances whose search reached no final state
+        summary["decode_partial"] = len(decode_info["partial"])
     if groups:
         by_speaker = speaker_groups(data_dir / test, groups)
         summary["groups"] = {attribute: group_summaries(scores, {u: of[s] for u, s in utt2spk.items() if s in of})
