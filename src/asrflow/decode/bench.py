@@ -23,7 +23,7 @@ from asrflow.config import model_cmvn
 from asrflow.config.paths import Paths
 from asrflow.config.settings import decoding
 from asrflow.data.datadir import read_table
-from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings, lattice_search
+from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings, lattice_comparison
 from asrflow.decode.stage import decoder_kind
 from asrflow.decode.tune import tuned_settings
 from asrflow.gmm.estep import features
@@ -152,14 +152,11 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
            "rtf": round((forward + result.seconds) / audio, 4), "wer": round(summary["wer"], 4),
            "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"], "threads": torch.get_num_threads(),
            "device": torch.cuda.get_device_name(on) if on.type == "cuda" else "cpu",
-           "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None}
-    row["partial_paths"] = len(result.partial)
+           "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None,
+           "partial_paths": len(result.partial)}
     if lattice:
         items = [(u, len(p), lambda p=p: khg.DecodableCtc(loglikes(p, opts))) for u, p in zip(utts, posteriors)]
-        reference = lattice_search(graph, gmm.tm, opts, items)
-        row["lattice_rtf_search"] = round(reference.seconds / audio, 4)
-        row["search_speedup"] = round(reference.seconds / max(result.seconds, 1e-9), 2)
-        row["words_differ"] = sum(reference.hyps[u] != result.hyps[u] for u in utts)
+        row.update(lattice_comparison(graph, gmm.tm, opts, items, result))
     if batches:
         row["rtf_forward_by_batch"] = {}
         for size in batches:

@@ -112,40 +112,60 @@ def decode_all(graph_path: str, opts: DecodeOptions,
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
     decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active,
                                                                  min_active=min_active(opts.max_active)))
-    hyps, failed, partial, total = {}, [], [], 0
-    start = time.perf_counter()
-    for utt, frames, make in decodables:
-        decoder.decode(make())
-        if not decoder.reached_final():
-            partial.append(utt)
+
+    def best_path(utt: str, decodable: object) -> tuple[bool, list[int], bool]:
+        decoder.decode(decodable)
+        final = decoder.reached_final()
         ok, path = decoder.get_best_path(use_final_probs=True)
-        words = kfst.get_linear_symbol_sequence(path)[2] if ok else []
-        hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
-        if not ok:
-            failed.append(utt)
-        total += frames
-    return DecodeResult(hyps, failed, total, time.perf_counter() - start, partial)
+        return ok, (kfst.get_linear_symbol_sequence(path)[2] if ok else []), final
+
+    return _search(decodables, id2word, best_path)
 
 
 def lattice_search(graph_path: str, trans_model, opts: DecodeOptions,
                    decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
     """:func:`decode_all`'s search done by Kaldi's lattice-faster decoder (``gmm-latgen-faster``) with a lattice
     one unit wide, the same beams and :data:`MIN_ACTIVE`: the reference that ``asrflow bench decode --lattice``
-    times the faster decoder against (an HCLG's, whose input labels are transition ids of ``trans_model``)."""
+    times the faster decoder against (an HCLG's, whose input labels are transition ids of ``trans_model``).
+    The wheels do not say whether it reached a final state, so ``partial`` stays empty."""
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
     config = khg.LatticeFasterDecoderConfig(beam=opts.beam, max_active=opts.max_active,
                                             min_active=min_active(opts.max_active), lattice_beam=1.0)
     decoder = khg.LatticeFasterDecoder(graph, config)
-    hyps, failed, total = {}, [], 0
+
+    def best_path(utt: str, decodable: object) -> tuple[bool, list[int], bool]:
+        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=decodable,
+                                                              trans_model=trans_model, utt=utt, allow_partial=True)
+        return ok, words, True
+
+    return _search(decodables, id2word, best_path)
+
+
+def _search(decodables: Iterable[tuple[str, int, Callable[[], object]]], id2word: list[str],
+            best_path: Callable[[str, object], tuple[bool, list[int], bool]]) -> DecodeResult:
+    """The loop both decoders share, timed: ``best_path(utt, decodable)`` gives (a path survived, its word
+    ids, it ends in a final state)."""
+    hyps, failed, partial, total = {}, [], [], 0
     start = time.perf_counter()
     for utt, frames, make in decodables:
-        ok, _, words, _ = khg.decode_utterance_lattice_faster(decoder=decoder, decodable=make(),
-                                                              trans_model=trans_model, utt=utt, allow_partial=True)
+        ok, words, final = best_path(utt, make())
         hyps[utt] = words_of([int(w) for w in words], id2word).split() if ok else []
         if not ok:
             failed.append(utt)
+        elif not final:
+            partial.append(utt)
         total += frames
-    return DecodeResult(hyps, failed, total, time.perf_counter() - start)
+    return DecodeResult(hyps, failed, total, time.perf_counter() - start, partial)
+
+
+def lattice_comparison(graph_path: str, trans_model, opts: DecodeOptions,
+                       decodables: list[tuple[str, int, Callable[[], object]]], result: DecodeResult) -> dict:
+    """The same ``decodables`` searched by :func:`lattice_search`, against ``result`` (:func:`decode_all`'s
+    search of them): the lattice decoder's search RTF, the speed-up and the utterances whose words differ."""
+    reference = lattice_search(graph_path, trans_model, opts, decodables)
+    return {"lattice_rtf_search": round(reference.seconds / (reference.frames * opts.frame_shift), 4),
+            "search_speedup": round(reference.seconds / max(result.seconds, 1e-9), 2),
+            "words_differ": sum(reference.hyps[u] != result.hyps[u] for u in result.hyps)}
 
 
 def per_setting(settings: list[DecodeOptions],

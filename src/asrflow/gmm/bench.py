@@ -81,7 +81,7 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
     from dataclasses import replace
 
     from asrflow.data.datadir import read_table
-    from asrflow.decode.decoder import decode_all, gmm_decode_options, lattice_search, transition_columns
+    from asrflow.decode.decoder import decode_all, gmm_decode_options, lattice_comparison, transition_columns
     from asrflow.kaldi import khg
     from asrflow.score.wer import score_corpus
 
@@ -114,10 +114,7 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
                    "rtf_search": round(result.seconds / audio, 4), "partial_paths": len(result.partial),
                    "wer": round(summary["wer"], 4), "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"]}
             if lattice:
-                reference = lattice_search(graph, model.tm, opts, items)
-                row["lattice_rtf_search"] = round(reference.seconds / audio, 4)
-                row["search_speedup"] = round(reference.seconds / max(result.seconds, 1e-9), 2)
-                row["words_differ"] = sum(reference.hyps[u] != result.hyps[u] for u in utts)
+                row.update(lattice_comparison(graph, model.tm, opts, items, result))
             rows.append(row)
             log(f"beam {beam} max-active {max_active} scale {scale}: RTF {row['rtf']} (search {row['rtf_search']}"
                 + (f", lattice-faster's {row['lattice_rtf_search']}" if lattice else "")
