@@ -124,6 +124,46 @@ def test_schedules_warm_up_then_decay_or_newbob() -> None:
     assert not newbob_update(inv, 2.0, 2.0, opts)  # only newbob reacts
 
 
+def test_the_exponential_schedule_falls_to_its_final_factor_over_the_run() -> None:
+    from asrflow.nnet.train import Schedule, run_steps
+
+    exp = Schedule("exponential", 10, total=100.0, final=0.1)
+    assert exp(0) == 0.1 * 0.1 ** 0.0  # warm-up first
+    assert abs(exp(9) - 0.1 ** 0.09) < 1e-12 and abs(exp(49) - 0.1 ** 0.49) < 1e-12
+    assert abs(exp(99) - 0.1 ** 0.99) < 1e-12 and exp(150) == 0.1  # past the planned end: the final rate
+    learner = Schedule("exponential", 10, ticks=0.5, total=100.0, final=0.1)  # two learners, max_frames each
+    assert learner(20) == exp(40)
+    with pytest.raises(ValueError, match="needs the run's length"):
+        Schedule("exponential", 10)
+    with pytest.raises(ValueError, match="known: warmup_invsqrt, newbob, exponential"):
+        Schedule("cosine", 10)
+    # 3 epochs of 40 batches: one learner; 2 learners of max_frames each reading half; 2 sharing max_frames
+    assert run_steps(3, 40, 1, 2000, 2000) == 120 == run_steps(3, 20, 2, 2000, 2000) == run_steps(3, 40, 2, 1000, 2000)
+
+
+def test_an_exponential_run_ends_at_its_final_rate_and_resumes_only_with_its_epochs(tmp_path: Path) -> None:
+    from asrflow.config.settings import Training
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.train import _resume_identity, train
+
+    from .helpers import synthetic_split
+
+    labels = synthetic_split(tmp_path, utterances=12)
+    data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", labels)
+    config = {"type": "dnn", "hidden": 16, "layers": 1, "context": 1, "dropout": 0.0}
+    opts = Training.defaults(epochs=3, max_frames=300, lr=1e-2, warmup_steps=2, patience=3, seed=1, log_every=1,
+                             schedule="exponential", final_lr_factor=0.05, keep="last")
+    rates: list[float] = []
+    summary = train(config, opts, data, data, 4, tmp_path / "run", log=lambda line: None,
+                    log_metrics=lambda step, metrics: rates.append(metrics["lr"]) if "lr" in metrics else None)
+    after_warm_up = rates[2:]
+    assert summary["steps"] > 6 and after_warm_up == sorted(after_warm_up, reverse=True)
+    assert abs(rates[-1] - 0.05 * 1e-2) < 1e-9  # every planned step taken: the final rate exactly
+    invsqrt = opts.replace(schedule="warmup_invsqrt")
+    assert _resume_identity(config, invsqrt) == _resume_identity(config, invsqrt.replace(epochs=9))
+    assert _resume_identity(config, opts) != _resume_identity(config, opts.replace(epochs=9))
+
+
 def test_the_schedule_follows_the_data_whoever_reads_it() -> None:
     """Ticks per max_frames of data: P learners sharing max_frames tick once per step each, as one
     learner would; learners reading max_frames each are P steps ahead; the ASGD server applies P shares."""

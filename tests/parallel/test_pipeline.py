@@ -12,6 +12,7 @@ import torch
 from asrflow.config.settings import Parallel, Training
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import frame_cross_entropy
+from asrflow.nnet.train import Schedule
 from asrflow.parallel import ParallelError
 from asrflow.parallel.emulate import _Pipeline
 from asrflow.parallel.pipeline import _Stage, balance, layer_units, unit_costs
@@ -126,7 +127,7 @@ def _emulated(stages: int, predict: bool = False) -> dict[str, torch.Tensor]:
     """The final weights of the convergence emulation's pipeline on the same batches."""
     opts = Training.defaults(lr=LR, weight_decay=0.01, schedule="newbob", warmup_steps=1, clip=1e9)
     rule = Parallel.defaults(strategy="pipeline", stale_lr="none", predict_weights=predict)
-    emulator = _Pipeline(_model(), stages, opts, rule)
+    emulator = _Pipeline(_model(), stages, opts, rule, Schedule(opts.schedule, opts.warmup_steps))
     losses = [emulator.round([batch]) for batch in _batches()]
     emulator.end_epoch()
     assert sum(value != value for value in losses) == stages - 1 and not emulator.flight and not emulator.fed

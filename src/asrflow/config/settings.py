@@ -119,6 +119,7 @@ class Training(Settings):
     lr: float
     schedule: str
     warmup_steps: int
+    final_lr_factor: float
     newbob_threshold: float
     newbob_factor: float
     weight_decay: float

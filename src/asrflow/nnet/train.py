@@ -43,14 +43,20 @@ from asrflow.nnet.data import (
 )
 from asrflow.nnet.models import build_model, frame_context, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
-from asrflow.parallel.strategies import make_strategy
+from asrflow.parallel.strategies import STRATEGIES, make_strategy
 
 CHECKPOINT = "checkpoint.pt"
 
 
+#: learning-rate schedules (``nnet.train.schedule``)
+SCHEDULES = ("warmup_invsqrt", "newbob", "exponential")
+
+
 class Schedule:
-    """Learning-rate factor: linear warm-up, then inverse square-root decay (``warmup_invsqrt``)
-    or constant with newbob halving on a held-out plateau (``newbob``).
+    """Learning-rate factor: linear warm-up, then inverse square-root decay (``warmup_invsqrt``),
+    constant with newbob halving on a held-out plateau (``newbob``), or an exponential fall to
+    ``final`` times the peak at the end of the run's ``total`` steps (``exponential``, Kaldi's
+    nnet3 schedule from its initial to its final learning rate over a fixed number of epochs).
 
     Steps count ``nnet.train.max_frames`` of data, whoever read it: a holder that updates
     ``ticks`` times per such step (an ASGD server taking each learner's share) or ``1/ticks``
@@ -58,17 +64,29 @@ class Schedule:
     A callable object, so ``LambdaLR.state_dict`` saves :attr:`scale` with the checkpoint.
     """
 
-    def __init__(self, kind: str, warmup: int, ticks: float = 1.0) -> None:
-        if kind not in ("warmup_invsqrt", "newbob"):
-            raise ValueError(f"unknown learning-rate schedule {kind!r}")
+    def __init__(self, kind: str, warmup: int, ticks: float = 1.0, total: float | None = None,
+                 final: float = 1.0) -> None:
+        if kind not in SCHEDULES:
+            raise ValueError(f"unknown learning-rate schedule {kind!r}; known: {', '.join(SCHEDULES)}")
+        if kind == "exponential" and not (total and total > 0):
+            raise ValueError("the exponential learning-rate schedule needs the run's length in steps")
         self.kind, self.warmup, self.scale, self.ticks = kind, max(warmup, 1), 1.0, ticks
+        self.total, self.final = total, final
 
     def __call__(self, tick: int) -> float:
         step = tick / self.ticks + 1
         ramp = min(step / self.warmup, 1.0)
         if self.kind == "newbob":
             return ramp * self.scale
+        if self.kind == "exponential":
+            return ramp * self.final ** min((step - 1) / self.total, 1.0)
         return min(ramp, math.sqrt(self.warmup / step))
+
+
+def run_steps(epochs: int, batches: int, readers: int, frames: int, max_frames: int) -> float:
+    """A run's length in schedule steps (``max_frames`` of data): ``epochs`` of ``batches`` per reader,
+    ``readers`` learners (or one) each reading ``frames`` a batch."""
+    return epochs * batches * readers * frames / max_frames
 
 
 def newbob_update(schedule: Schedule, previous: float, current: float, opts: Training) -> bool:
@@ -275,15 +293,17 @@ def _learner_state(model: torch.nn.Module, optimiser: torch.optim.Optimizer, sch
 
 # training options that change no result
 RUNTIME_OPTIONS = ("prefetch", "checkpoint_minutes", "log_every", "loader_workers", "compile")
-# options that only say when to stop or which epoch's model is final (no schedule depends on them): a run
-# resumes with other values, to train on from its last epoch or to stop at one it has passed
+# options that only say when to stop or which epoch's model is final (no schedule but the exponential one
+# depends on them): a run resumes with other values, to train on from its last epoch or to stop at one it has passed
 STOPPING_OPTIONS = ("epochs", "patience", "keep")
 
 
 def _resume_identity(model_config: dict[str, Any], opts: Training) -> tuple[list, list]:
     """The model config and training options a checkpoint must match to be resumed. The model's own
     ``train`` overrides are left to ``opts``, which holds them resolved."""
-    ignored = RUNTIME_OPTIONS + STOPPING_OPTIONS
+    # an exponential schedule falls over the planned epochs: their number changes every step's rate
+    stopping = tuple(k for k in STOPPING_OPTIONS if not (k == "epochs" and opts.schedule == "exponential"))
+    ignored = RUNTIME_OPTIONS + stopping
     return (sorted((k, v) for k, v in model_config.items() if k != "train"),
             sorted((k, v) for k, v in vars(opts).items() if k not in ignored))
 
@@ -358,13 +378,10 @@ class _Run:
         lr = opts.lr * parallel.lr_factor(self.world, self.rank)  # a pipeline's stages differ
         self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lr,
                                            weight_decay=opts.weight_decay, fused=self.device.type == "cuda")
-        self.schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(self.world))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
-        self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
-                                      self.device, opts.clip)
         frames = parallel.learner_frames(opts.max_frames, self.world)
         # which share of the batches this learner reads: a pipeline's stages all read every batch
-        self.reader = (0, 1) if self.strategy.drives_steps else (self.rank, self.world)
+        drives_steps = STRATEGIES[parallel.strategy].drives_steps and self.world > 1
+        self.reader = (0, 1) if drives_steps else (self.rank, self.world)
         if opts.example_frames:
             context = frame_context(self.model)
             if context is None or objective != "hybrid":
@@ -375,6 +392,12 @@ class _Run:
             self.sampler = ShuffledBatchSampler(train_set.lengths, frames, opts.seed, *self.reader)
         else:
             self.sampler = BucketBatchSampler(train_set.lengths, frames, opts.seed, *self.reader)
+        total = run_steps(opts.epochs, len(self.sampler), self.reader[1], frames, opts.max_frames)
+        self.schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(self.world),
+                                 max(total, 1.0), opts.final_lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
+        self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
+                                      self.device, opts.clip)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"),
                                       "bad_epochs": 0}
         self.state_path = Path(state_dir) if state_dir else out

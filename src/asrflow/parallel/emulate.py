@@ -30,7 +30,7 @@ from asrflow.config.settings import Parallel, Training
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import OBJECTIVES
-from asrflow.nnet.train import Schedule, evaluate, newbob_update
+from asrflow.nnet.train import Schedule, evaluate, newbob_update, run_steps
 from asrflow.parallel import overlap_conflict, staleness
 from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
@@ -68,10 +68,10 @@ class EmulationResult:
 class _Learner:
     """One model with its own AdamW, learning-rate schedule and gradient clipping."""
 
-    def __init__(self, model: torch.nn.Module, opts: Training, ticks: float = 1.0) -> None:
+    def __init__(self, model: torch.nn.Module, opts: Training, schedule: Schedule) -> None:
         self.model, self.clip = model, opts.clip
         self.optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-        self.schedule = Schedule(opts.schedule, opts.warmup_steps, ticks)
+        self.schedule = copy.copy(schedule)  # its own newbob scale
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
 
     def backward(self, batch: dict) -> float:
@@ -140,8 +140,8 @@ class _AllReduce(_Emulator):
     """One model: gradients of all learners averaged (each compressed with error feedback), one update."""
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: Training, compression: str,
-                 device: torch.device, ticks: float = 1.0) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks)]
+                 device: torch.device, schedule: Schedule) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, schedule)]
         numel = sum(p.numel() for p in initial.parameters())
         self.senders = ([ErrorFeedback(make_compressor(compression), numel, device) for _ in range(n)]
                         if compression != "none" and n > 1 else None)
@@ -163,8 +163,8 @@ class _Ring(_Emulator):
     """
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: Training, compression: str,
-                 ticks: float = 1.0) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
+                 schedule: Schedule) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, schedule) for _ in range(n)]
         self.token = flat_params(initial)  # what the next holder receives
         self.compressor = make_compressor(compression) if compression != "none" and n > 1 else None
         self.references = [self.token.clone() for _ in range(n)]  # of link r → r+1
@@ -202,8 +202,8 @@ class _KAvg(_Emulator):
     the average of the snapshots plus its own change since its snapshot."""
 
     def __init__(self, initial: torch.nn.Module, n: int, opts: Training, k: int, compression: str,
-                 device: torch.device, ticks: float = 1.0, overlap: bool = False) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n)]
+                 device: torch.device, schedule: Schedule, overlap: bool = False) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, schedule) for _ in range(n)]
         self.k, self.steps, self.since_average = k, 0, 0
         self.reference = flat_params(initial)
         self.senders = ([ErrorFeedback(make_compressor(compression), self.reference.numel(), device)
@@ -258,10 +258,10 @@ class _ADPSGD(_Emulator):
     averages its members' gradients and shares one model and optimiser (all-reduce inside a node).
     """
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, group_size: int = 1,
-                 ticks: float = 1.0) -> None:
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, schedule: Schedule,
+                 group_size: int = 1) -> None:
         self.group_size = group_size
-        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks) for _ in range(n // group_size)]
+        self.learners = [_Learner(copy.deepcopy(initial), opts, schedule) for _ in range(n // group_size)]
         self.rounds = 0  # counted across epochs: the pairing alternates with it
 
     def round(self, batches: list[dict]) -> float:
@@ -285,10 +285,10 @@ class _ASGD(_Emulator):
     """Parameter server: worker r computes (and clips) a gradient on the server model as it last pulled it,
     pushes it, the server's AdamW applies it, and r pulls the new model. Workers push in rank order,
     so a gradient is n-1 updates stale; the server's schedule steps once per applied gradient
-    (``ticks`` of them per max_frames of data)."""
+    (the schedule's ``ticks`` of them per max_frames of data)."""
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, ticks: float = 1.0) -> None:
-        self.learners = [_Learner(copy.deepcopy(initial), opts, ticks)]  # the server
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, schedule: Schedule) -> None:
+        self.learners = [_Learner(copy.deepcopy(initial), opts, schedule)]  # the server
         self.workers = [copy.deepcopy(initial) for _ in range(n)]
         self.clip = opts.clip
 
@@ -316,13 +316,13 @@ class _Pipeline(_Emulator):
     schedule and gradient clipping, and its own rate and weight prediction as ``rule`` says.
     """
 
-    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, rule: Parallel) -> None:
+    def __init__(self, initial: torch.nn.Module, n: int, opts: Training, rule: Parallel, schedule: Schedule) -> None:
         self.network = copy.deepcopy(initial)
         units = layer_units(self.network)  # sharing the network's modules
         bounds = balance(unit_costs(units), n)
         self.stages = [_Stage(units[bounds[s]:bounds[s + 1]]) for s in range(n)]
         self.learners = [_Learner(stage, dataclasses.replace(opts, lr=opts.lr * rule.lr_factor(n, s)),
-                                  rule.schedule_ticks(n)) for s, stage in enumerate(self.stages)]
+                                  schedule) for s, stage in enumerate(self.stages)]
         self.stale = [staleness(n, s) for s in range(n)]
         self.deltas = [{name: torch.zeros_like(p) for name, p in stage.named_parameters()}
                        if rule.predict_weights and self.stale[s] else None for s, stage in enumerate(self.stages)]
@@ -404,21 +404,25 @@ def _check(strategy: str, learners: int, k: int, group_size: int, compression: s
 
 
 def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: Training, k: int, group_size: int,
-              compression: str, device: torch.device, rule: Parallel, overlap: bool = False) -> _Emulator:
-    ticks = rule.schedule_ticks(n)  # the trainer's learning-rate schedule, per learner update
+              compression: str, device: torch.device, rule: Parallel, total: float, overlap: bool = False) -> _Emulator:
+    """The strategy's emulator; ``total``: the run's length in schedule steps (the exponential schedule's)."""
+    def schedule(server: bool = False) -> Schedule:  # the trainer's learning-rate schedule, per learner update
+        return Schedule(opts.schedule, opts.warmup_steps, rule.schedule_ticks(n, server), max(total, 1.0),
+                        opts.final_lr_factor)
+
     if strategy == "allreduce":
-        return _AllReduce(initial, n, opts, compression, device, ticks)
+        return _AllReduce(initial, n, opts, compression, device, schedule())
     if strategy == "ring":
-        return _Ring(initial, n, opts, compression, ticks)
+        return _Ring(initial, n, opts, compression, schedule())
     if strategy == "kavg":
-        return _KAvg(initial, n, opts, k, compression, device, ticks, overlap)
+        return _KAvg(initial, n, opts, k, compression, device, schedule(), overlap)
     if strategy == "adpsgd":
-        return _ADPSGD(initial, n, opts, ticks=ticks)
+        return _ADPSGD(initial, n, opts, schedule())
     if strategy == "hierarchical":
-        return _ADPSGD(initial, n, opts, group_size if n > 1 else 1, ticks)
+        return _ADPSGD(initial, n, opts, schedule(), group_size if n > 1 else 1)
     if strategy == "pipeline":
-        return _Pipeline(initial, n, opts, rule)
-    return _ASGD(initial, n, opts, rule.schedule_ticks(n, server=True))
+        return _Pipeline(initial, n, opts, rule, schedule())
+    return _ASGD(initial, n, opts, schedule(server=True))
 
 
 def _batch(dataset: FeatureDataset, indices: list[int], opts: Training, device: torch.device) -> dict:
@@ -468,7 +472,8 @@ def emulate(strategy: str, learners: int, model_config: dict, train_set: Feature
     device = torch.device(device)
     torch.manual_seed(opts.seed)
     initial = build_model(model_config, train_set[0][1].shape[1], num_classes).to(device)
-    emulator = _emulator(strategy, initial, learners, opts, k, group_size, compression, device, rule, overlap)
+    total = run_steps(opts.epochs, len(samplers[0]), readers, frames, opts.max_frames)
+    emulator = _emulator(strategy, initial, learners, opts, k, group_size, compression, device, rule, total, overlap)
     steps, last = 0, float("inf")
     valid_loss, valid_acc = float("inf"), 0.0
     for epoch in range(opts.epochs):
