@@ -43,7 +43,7 @@ from asrflow.nnet.data import (
 )
 from asrflow.nnet.models import build_model, frame_context, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
-from asrflow.parallel.strategies import STRATEGIES, make_strategy
+from asrflow.parallel.strategies import make_strategy, strategy_class
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -72,6 +72,11 @@ class Schedule:
             raise ValueError("the exponential learning-rate schedule needs the run's length in steps")
         self.kind, self.warmup, self.scale, self.ticks = kind, max(warmup, 1), 1.0, ticks
         self.total, self.final = total, final
+
+    @classmethod
+    def of(cls, opts: Training, ticks: float, total: float) -> Schedule:
+        """``opts``'s schedule for a run of ``total`` steps (:func:`run_steps`; an empty run counts one)."""
+        return cls(opts.schedule, opts.warmup_steps, ticks, max(total, 1.0), opts.final_lr_factor)
 
     def __call__(self, tick: int) -> float:
         step = tick / self.ticks + 1
@@ -380,8 +385,7 @@ class _Run:
                                            weight_decay=opts.weight_decay, fused=self.device.type == "cuda")
         frames = parallel.learner_frames(opts.max_frames, self.world)
         # which share of the batches this learner reads: a pipeline's stages all read every batch
-        drives_steps = STRATEGIES[parallel.strategy].drives_steps and self.world > 1
-        self.reader = (0, 1) if drives_steps else (self.rank, self.world)
+        self.reader = (0, 1) if strategy_class(parallel, self.world).drives_steps else (self.rank, self.world)
         if opts.example_frames:
             context = frame_context(self.model)
             if context is None or objective != "hybrid":
@@ -393,8 +397,7 @@ class _Run:
         else:
             self.sampler = BucketBatchSampler(train_set.lengths, frames, opts.seed, *self.reader)
         total = run_steps(opts.epochs, len(self.sampler), self.reader[1], frames, opts.max_frames)
-        self.schedule = Schedule(opts.schedule, opts.warmup_steps, parallel.schedule_ticks(self.world),
-                                 max(total, 1.0), opts.final_lr_factor)
+        self.schedule = Schedule.of(opts, parallel.schedule_ticks(self.world), total)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
         self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
                                       self.device, opts.clip)

@@ -407,8 +407,7 @@ def _emulator(strategy: str, initial: torch.nn.Module, n: int, opts: Training, k
               compression: str, device: torch.device, rule: Parallel, total: float, overlap: bool = False) -> _Emulator:
     """The strategy's emulator; ``total``: the run's length in schedule steps (the exponential schedule's)."""
     def schedule(server: bool = False) -> Schedule:  # the trainer's learning-rate schedule, per learner update
-        return Schedule(opts.schedule, opts.warmup_steps, rule.schedule_ticks(n, server), max(total, 1.0),
-                        opts.final_lr_factor)
+        return Schedule.of(opts, rule.schedule_ticks(n, server), total)
 
     if strategy == "allreduce":
         return _AllReduce(initial, n, opts, compression, device, schedule())

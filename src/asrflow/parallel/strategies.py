@@ -28,6 +28,9 @@ def make_strategy(opts: Parallel, model: torch.nn.Module, optimiser: torch.optim
         compressible = ", ".join(name for name, c in STRATEGIES.items() if c.compressible)
         raise ParallelError(f"nnet.parallel.compression {opts.compression!r} works with {compressible}, "
                             f"not {opts.strategy}")
-    if world == 1:
-        return Strategy(model, optimiser, scheduler, opts, rank, world, device, clip)
-    return cls(model, optimiser, scheduler, opts, rank, world, device, clip)
+    return strategy_class(opts, world)(model, optimiser, scheduler, opts, rank, world, device, clip)
+
+
+def strategy_class(opts: Parallel, world: int) -> type[Strategy]:
+    """The class :func:`make_strategy` builds: plain single-learner SGD when ``world`` is 1."""
+    return Strategy if world == 1 else STRATEGIES[opts.strategy]
