@@ -47,13 +47,15 @@ rule graph_heldout:
         "asrflow graph --lang {input.lang} --model {input.model} --out {output} > {log} 2>&1"
 
 
+# TLG for CTC over phones: of the training split's lang for the test sets, of its held-out LM's lang
+# (train_heldout) for tuning, which every such network of the split shares.
 rule graph_ctc:
     input:
         lang=f"{RESULTS}/lang/{{train}}",
     output:
         directory(f"{RESULTS}/graph/{{train}}/tlg"),
     wildcard_constraints:
-        train="[^/]*train",
+        train="[^/]*train(_heldout)?",
     log:
         f"{RESULTS}/logs/graph.{{train}}.tlg.log",
     benchmark:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -101,8 +102,15 @@ JOB_COSTS: dict[str, JobCost] = {
 
 
 def audio_hours(data_dir: str | Path, splits: list[str] | None = None) -> float:
-    """Hours of audio in ``splits`` (None: every split) of the data stage's ``manifest.json``."""
-    manifest = json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))["splits"]
+    """Hours of audio in ``splits`` (None: every split) of the data stage's ``manifest.json``.
+
+    Before the data stage has run, the FileNotFoundError names ``data_dir`` itself, the job's input as given:
+    Snakemake then leaves the resource to be evaluated once that input exists (a dry run in a new folder
+    shows it as to be determined) instead of failing."""
+    path = Path(data_dir) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(errno.ENOENT, f"no data manifest {path} yet", str(data_dir))
+    manifest = json.loads(path.read_text(encoding="utf-8"))["splits"]
     return sum(info["hours"] for name, info in manifest.items() if splits is None or name in splits)
 
 
@@ -111,7 +119,7 @@ def job_resource(stage: str, kind: str, reads: str = "all", config: dict[str, An
     reads, times the attempt (a retry gets twice as much). ``reads``: ``all`` (every split), ``train``
     (``{train}``), ``copies`` (``{train}``'s speed-perturbed copies), ``test`` (``{test}``) or ``network``
     (the split network ``{system}`` of ``config`` trains on, its time times its epochs). Snakemake evaluates
-    it once the data stage has written its manifest."""
+    it once the data stage has written its manifest (before that, :func:`audio_hours` names the missing input)."""
     cost = JOB_COSTS[stage]
 
     def value(wildcards: Any, input: Any, threads: int, attempt: int) -> int:
@@ -249,13 +257,14 @@ def gmm_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str
     return {**inputs, **heldout_inputs(config, train, system.removesuffix("_fmllr"))}
 
 
-def heldout_inputs(config: dict[str, Any], train: str, gmm: str | None) -> dict[str, str]:
+def heldout_inputs(config: dict[str, Any], train: str, graph: str | None) -> dict[str, str]:
     """What tuning on ``train``'s held-out utterances decodes with: the lang whose LM has not seen them (rule
-    lang_heldout) and, for a system decoded through GMM ``gmm``'s tree, that lang's HCLG (rule graph_heldout)."""
+    lang_heldout) and that lang's graph ``graph``: a GMM's name for the HCLG of its tree (rule graph_heldout),
+    ``tlg`` for CTC over phones (rule graph_ctc), None for a search without a graph."""
     root = results_dir(config)
     inputs = {"heldout_lang": f"{root}/lang/{train}_heldout"}
-    if gmm is not None:
-        inputs["heldout_graph"] = f"{root}/graph/{train}_heldout/{gmm}"
+    if graph is not None:
+        inputs["heldout_graph"] = f"{root}/graph/{train}_heldout/{graph}"
     return inputs
 
 
@@ -353,10 +362,14 @@ def network_inputs(config: dict[str, Any], train: str, system: str) -> dict[str,
 
 def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """Inputs of tuning network ``system``'s decoder: the network, what it was trained with, and the held-out
-    LM's lang (with a hybrid's HCLG for its GMM's tree; CTC over phones builds its own TLG)."""
-    hybrid = config["nnet"]["models"][system]["objective"] == "hybrid"
-    gmm = model_alignments(config, system) if hybrid else None
-    return {**network_inputs(config, train, system), **heldout_inputs(config, train, gmm)}
+    LM's lang with its graph (a hybrid's HCLG for its GMM's tree, TLG for CTC over phones), each built once
+    per training split and shared by every network that decodes through it."""
+    model = config["nnet"]["models"][system]
+    if model["objective"] == "hybrid":
+        graph = model_alignments(config, system)
+    else:
+        graph = "tlg" if model["units"] == "phone" else None
+    return {**network_inputs(config, train, system), **heldout_inputs(config, train, graph)}
 
 
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:

@@ -124,8 +124,10 @@ def test_memory_and_time_follow_the_hours_of_audio_a_job_reads(tmp_path) -> None
     nnet = JOB_COSTS["nnet"]
     assert job_resource("nnet", "runtime", reads="network", config=config)(wildcards, files, 1, 1) == (
         nnet.minutes[0] + 300 * 3 * nnet.minutes[1])
-    with pytest.raises(FileNotFoundError):  # before the data stage: Snakemake waits for the manifest
+    # before the data stage: the error names the job's input as given, which Snakemake takes for "not yet"
+    with pytest.raises(FileNotFoundError) as missing:
         job_resource("gmm", "mem_mb", reads="train")(wildcards, SimpleNamespace(data=str(tmp_path / "no")), 1, 1)
+    assert missing.value.filename == str(tmp_path / "no")
 
 
 def test_launch_settings_do_not_retrain(tmp_path) -> None:
@@ -395,6 +397,11 @@ def test_sat_trains_on_the_lda_adapted_features_and_networks_can_use_it(tmp_path
         "model": f"{root}/gmm/train/sat", "heldout_lang": f"{root}/lang/train_heldout",
         "heldout_graph": f"{root}/graph/train_heldout/sat"}
     assert nnet_tune_inputs(config, "train", "dnn_sat")["heldout_graph"] == f"{root}/graph/train_heldout/sat"
+    ctc_models = {"ctc_phone": {"type": "cnn", "objective": "ctc", "units": "phone"},
+                  "ctc_bpe": {"type": "cnn", "objective": "ctc", "units": "bpe"}}
+    ctc = make_config(tmp_path, nnet={"models": ctc_models}, evaluation={"systems": ["ctc_phone", "ctc_bpe"]})
+    assert nnet_tune_inputs(ctc, "train", "ctc_phone")["heldout_graph"] == f"{root}/graph/train_heldout/tlg"
+    assert "heldout_graph" not in nnet_tune_inputs(ctc, "train", "ctc_bpe")  # prefix search: no graph
     plain, sat = nnet_inputs(config, "train", "dnn"), nnet_inputs(config, "train", "dnn_sat")
     assert (plain["gmm"], plain["features"]) == (f"{root}/gmm/train/tri", f"{root}/fmllr/train/tri")
     assert (sat["gmm"], sat["graph"], sat["features"]) == (

@@ -66,7 +66,7 @@ def test_gmm_systems_recognise_yesno(yesno_run: Path) -> None:
         assert decoded["failed"] == [] and decoded["partial"] == []  # every search reached a final state
         assert scores[system]["decode_partial"] == 0
         assert not (res / "tune" / "train" / system / "graph").exists()  # graph/train_heldout/<gmm>: built once
-    assert sorted(p.name for p in (res / "graph" / "train_heldout").iterdir()) == ["lda", "mono", "sat", "tri"]
+    assert sorted(p.name for p in (res / "graph" / "train_heldout").iterdir()) == ["lda", "mono", "sat", "tlg", "tri"]
     tri = json.loads((res / "gmm" / "train" / "tri" / "manifest.json").read_text())
     assert tri["pdfs"] > 25 and tri["aligned"] == 31
     pdfs = read_alignments(res / "gmm" / "train" / "tri" / "ali", "pdfs")
@@ -212,6 +212,15 @@ def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatc
         assert row["device"] != "cpu" and row["wer"] == pytest.approx(scored["wer"], abs=1e-4)
 
 
+def test_a_dry_run_in_a_new_folder_lists_every_job(tmp_path: Path) -> None:
+    """``snakemake -n`` before any stage has run (the jobs' resources wait for the data manifest), and each
+    held-out graph is one job, shared by the systems that tune with it."""
+    out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(YESNO))
+    assert {"data", "graph_heldout", "graph_ctc", "tune_nnet", "score"} <= jobs_planned(out.stdout)
+    assert out.stdout.count("output: results/yesno/graph/train_heldout/tlg\n") == 1
+    assert "output: results/yesno/graph/train_heldout/tri\n" in out.stdout
+
+
 def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
     overlay = tmp_path / "typo.yaml"
     overlay.write_text("features:\n  mfcc:\n    num_cep: 12\n")
@@ -245,10 +254,11 @@ def test_networks_recognise_yesno(yesno_run: Path) -> None:
         tune = json.loads((res / "tune" / "train" / system / "tune.json").read_text())
         assert tune["utterances"] == manifest["valid_utterances"] and tune["chosen"] in [
             {k: g[k] for k in tune["axes"]} for g in tune["grid"]]
-        # every system tunes with the one LM without the held-out texts, a hybrid through its GMM tree's HCLG of it
+        # every system tunes with the one LM without the held-out texts, a hybrid through its GMM tree's HCLG of it,
+        # ctc_phone through its TLG (graph/train_heldout/tlg): each graph built once, none in a tune folder
         assert (res / "lang" / "train_heldout" / "G.fst").is_file()
         assert not (res / "tune" / "train" / system / "lang").exists()
-        assert (res / "tune" / "train" / system / "graph").exists() == (system == "ctc_phone")  # its own TLG
+        assert not (res / "tune" / "train" / system / "graph").exists()
         decoded = json.loads((res / "decode" / system / "test" / "manifest.json").read_text())
         assert decoded["tuned"] and all(decoded[k] == v for k, v in tune["chosen"].items()), (decoded, tune)
     plain, sp = (json.loads((res / "nnet" / "train" / s / "manifest.json").read_text()) for s in ("dnn", "dnn_sp"))

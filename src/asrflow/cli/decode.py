@@ -133,7 +133,8 @@ def register(sub: Any) -> None:
     p.add_argument("--gmm", help="GMM system folder (hybrid networks: transition model)")
     p.add_argument("--heldout-lang", help="the lang whose LM has not seen the held-out utterances (asrflow lang "
                                           "--heldout-of); absent: made in --out")
-    p.add_argument("--heldout-graph", help="its HCLG for this system's tree (asrflow graph); absent: built in --out")
+    p.add_argument("--heldout-graph",
+                   help="its graph (asrflow graph): the HCLG of this system's tree, or TLG; absent: built in --out")
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_tune)
 
