@@ -65,7 +65,9 @@ def test_denominator_speed_times_both_passes() -> None:
     row = denominator_speed(graph_from_arcs(ARCS, FINALS, 0, 4), 3, batch=2, frames=50, repeats=2)
     assert set(row) == {"forward_s", "backward_s", "ms_per_frame"}
     assert row["forward_s"] > 0 and row["backward_s"] > 0
-    assert row["ms_per_frame"] >= 1000 * (row["forward_s"] + row["backward_s"]) / 50 - 1e-3
+    # the best repeat's total is at least the two passes' bests; the times are rounded to 0.1 ms (each up to
+    # 0.05 ms off, 0.1 ms together: 0.002 ms per frame of 50) and ms_per_frame to 0.001 ms
+    assert row["ms_per_frame"] >= 1000 * (row["forward_s"] + row["backward_s"]) / 50 - (0.1 / 50 + 0.0005)
 
 
 def test_gradient_is_the_denominator_occupancy() -> None:
