@@ -364,12 +364,9 @@ def nnet_tune_inputs(config: dict[str, Any], train: str, system: str) -> dict[st
     """Inputs of tuning network ``system``'s decoder: the network, what it was trained with, and the held-out
     LM's lang with its graph (a hybrid's HCLG for its GMM's tree, TLG for CTC over phones), each built once
     per training split and shared by every network that decodes through it."""
-    model = config["nnet"]["models"][system]
-    if model["objective"] == "hybrid":
-        graph = model_alignments(config, system)
-    else:
-        graph = "tlg" if model["units"] == "phone" else None
-    return {**network_inputs(config, train, system), **heldout_inputs(config, train, graph)}
+    inputs = network_inputs(config, train, system)
+    graph = Path(inputs["graph"]).name if "graph" in inputs else None  # the test graph's: a GMM's name, or tlg
+    return {**inputs, **heldout_inputs(config, train, graph)}
 
 
 def nnet_decode_inputs(config: dict[str, Any], test: str, system: str) -> dict[str, str]:
