@@ -49,3 +49,24 @@ def test_score_reports_wer_per_group(tmp_path: Path) -> None:
     assert summary["groups"]["gender"]["m"]["wer"] == 0.0
     assert summary["groups"]["age"]["child"]["errors"] == 2 and summary["groups"]["age"]["adult"]["n_utts"] == 1
     assert json.loads((tmp_path / "score.json").read_text())["groups"] == summary["groups"]
+
+
+def test_score_splits_sentences_the_lm_was_trained_on_from_new_ones(tmp_path: Path) -> None:
+    _split(tmp_path)
+    train = tmp_path / "data" / "train"
+    train.mkdir()
+    (train / "text").write_text("t1 one two\nt2 seven\nt3 eight nine\n")
+    decode = tmp_path / "decode"
+    decode.mkdir()
+    (decode / "hyp.txt").write_text("a1 one\na2 three\nb1 four five six\nc1 seven\n")
+    (decode / "manifest.json").write_text(json.dumps({"rtf": 0.1, "failed": []}))
+    lang = tmp_path / "lang"
+    lang.mkdir()
+    (lang / "lm.arpa").write_text("\\data\\\nngram 1=3\n\n\\1-grams:\n-1 <s>\n-1 </s>\n-1 one\n\n\\end\\\n")
+    score = lambda: score_split(tmp_path / "data", "test", decode, lang, tmp_path / "score.json",  # noqa: E731
+                                log=lambda m: None)
+    assert "sentences" not in score()  # the lang names no training split
+    (lang / "manifest.json").write_text(json.dumps({"train": "train"}))
+    sentences = score()["sentences"]
+    assert sentences["seen"] == {"wer": 1 / 3, "ser": 0.5, "errors": 1, "n_ref_words": 3, "n_utts": 2}
+    assert sentences["new"] == {"wer": 0.0, "ser": 0.0, "errors": 0, "n_ref_words": 4, "n_utts": 2}

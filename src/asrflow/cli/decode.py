@@ -101,6 +101,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                          if summary.get(k) is not None})
         run.log_metrics({f"wer.{attribute}.{group}": s["wer"]
                          for attribute, by_group in summary.get("groups", {}).items() for group, s in by_group.items()})
+        run.log_metrics({f"wer.sentences.{group}": s["wer"] for group, s in summary.get("sentences", {}).items()})
         run.log_artifact(args.out)
     return 0
 
