@@ -22,6 +22,18 @@ def _split(root: Path) -> Path:
     return test
 
 
+def _decode_and_lang(root: Path, hyps: str, words: list[str]) -> tuple[Path, Path]:
+    """A decode folder with ``hyps`` and a lang folder whose LM has ``words``."""
+    decode, lang = root / "decode", root / "lang"
+    decode.mkdir()
+    (decode / "hyp.txt").write_text(hyps)
+    (decode / "manifest.json").write_text(json.dumps({"rtf": 0.1, "failed": []}))
+    lang.mkdir()
+    unigrams = "".join(f"-1 {w}\n" for w in ["<s>", "</s>", *words])
+    (lang / "lm.arpa").write_text(f"\\data\\\nngram 1={len(words) + 2}\n\n\\1-grams:\n{unigrams}\n\\end\\\n")
+    return decode, lang
+
+
 def test_groups_by_value_and_by_numeric_range(tmp_path: Path) -> None:
     test = _split(tmp_path)
     groups = speaker_groups(test, {"gender": {}, "age": {"edges": [16], "labels": ["child", "adult"]}})
@@ -35,13 +47,7 @@ def test_groups_by_value_and_by_numeric_range(tmp_path: Path) -> None:
 
 def test_score_reports_wer_per_group(tmp_path: Path) -> None:
     _split(tmp_path)
-    decode = tmp_path / "decode"
-    decode.mkdir()
-    (decode / "hyp.txt").write_text("a1 one two\na2 tree\nb1 four five six\nc1 seven seven\n")
-    (decode / "manifest.json").write_text(json.dumps({"rtf": 0.1, "failed": []}))
-    lang = tmp_path / "lang"
-    lang.mkdir()
-    (lang / "lm.arpa").write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-1 <s>\n-1 </s>\n-1 one\n-1 two\n\n\\end\\\n")
+    decode, lang = _decode_and_lang(tmp_path, "a1 one two\na2 tree\nb1 four five six\nc1 seven seven\n", ["one", "two"])
     summary = score_split(tmp_path / "data", "test", decode, lang, tmp_path / "score.json", log=lambda m: None,
                           groups={"gender": {}, "age": {"edges": [16], "labels": ["child", "adult"]}})
     assert summary["errors"] == 2 and summary["n_ref_words"] == 7
@@ -56,13 +62,7 @@ def test_score_splits_sentences_the_lm_was_trained_on_from_new_ones(tmp_path: Pa
     train = tmp_path / "data" / "train"
     train.mkdir()
     (train / "text").write_text("t1 one two\nt2 seven\nt3 eight nine\n")
-    decode = tmp_path / "decode"
-    decode.mkdir()
-    (decode / "hyp.txt").write_text("a1 one\na2 three\nb1 four five six\nc1 seven\n")
-    (decode / "manifest.json").write_text(json.dumps({"rtf": 0.1, "failed": []}))
-    lang = tmp_path / "lang"
-    lang.mkdir()
-    (lang / "lm.arpa").write_text("\\data\\\nngram 1=3\n\n\\1-grams:\n-1 <s>\n-1 </s>\n-1 one\n\n\\end\\\n")
+    decode, lang = _decode_and_lang(tmp_path, "a1 one\na2 three\nb1 four five six\nc1 seven\n", ["one"])
     score = lambda: score_split(tmp_path / "data", "test", decode, lang, tmp_path / "score.json",  # noqa: E731
                                 log=lambda m: None)
     assert "sentences" not in score()  # the lang names no training split
