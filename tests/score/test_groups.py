@@ -9,6 +9,7 @@ import pytest
 
 from asrflow.data.datadir import DataDirError
 from asrflow.data.groups import speaker_groups
+from asrflow.lang.stage import lm_has_transcripts, lm_source
 from asrflow.score.stage import score_split
 
 
@@ -63,10 +64,19 @@ def test_score_splits_sentences_the_lm_was_trained_on_from_new_ones(tmp_path: Pa
     train.mkdir()
     (train / "text").write_text("t1 one two\nt2 seven\nt3 eight nine\n")
     decode, lang = _decode_and_lang(tmp_path, "a1 one\na2 three\nb1 four five six\nc1 seven\n", ["one"])
-    score = lambda: score_split(tmp_path / "data", "test", decode, lang, tmp_path / "score.json",  # noqa: E731
-                                log=lambda m: None)
-    assert "sentences" not in score()  # the lang names no training split
+    score = lambda split: score_split(tmp_path / "data", "test", decode, lang, tmp_path / "score.json",  # noqa: E731
+                                      log=lambda m: None, sentences=split)
+    assert "sentences" not in score(True)  # the lang names no training split
     (lang / "manifest.json").write_text(json.dumps({"train": "train"}))
-    sentences = score()["sentences"]
+    assert "sentences" not in score(False)  # an LM not estimated from the transcripts (lm_has_transcripts)
+    sentences = score(True)["sentences"]
     assert sentences["seen"] == {"wer": 1 / 3, "ser": 0.5, "errors": 1, "n_ref_words": 3, "n_utts": 2}
     assert sentences["new"] == {"wer": 0.0, "ser": 0.0, "errors": 0, "n_ref_words": 4, "n_utts": 2}
+
+
+def test_only_an_external_arpa_used_as_given_leaves_the_transcripts_out_of_the_lm() -> None:
+    lang = {"lm_combine": "pool", "lm_arpa": None, "lm_text": []}
+    assert lm_has_transcripts(lang) and lm_source(lang) == "transcripts"
+    given = {**lang, "lm_arpa": "big.arpa"}
+    assert not lm_has_transcripts(given) and lm_source(given) == "big.arpa"
+    assert lm_has_transcripts({**lang, "lm_combine": "interpolate", "lm_arpa": "big.arpa"})

@@ -88,13 +88,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Score a decoded test split, logged as a ``score`` stage run."""
+    from asrflow.lang.stage import lm_has_transcripts
     from asrflow.score.stage import score_split
     from asrflow.tracking import stage_run
 
     config = _load(args)
     with stage_run(config, f"score-{args.system}-{args.test}", resolved_config=args.config[-1]) as run:
         summary = score_split(args.data, args.test, args.decode, args.lang, args.out, log=_log,
-                              groups=config["evaluation"]["groups"])
+                              groups=config["evaluation"]["groups"], sentences=lm_has_transcripts(config["lang"]))
         run.set_tags({"asrflow.system": args.system, "asrflow.test_set": args.test})
         run.log_metrics({k: summary[k] for k in ("wer", "ser", "sub", "del", "ins", "n_ref_words", "n_utts",
                                                    "oov_rate", "rtf", "wer_in_vocabulary")

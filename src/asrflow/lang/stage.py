@@ -166,12 +166,20 @@ def interpolated_lm(config: dict[str, Any], texts: list[str]) -> tuple[Arpa, dic
     return mix_arpa([own, *others], weights), info
 
 
+def lm_has_transcripts(lang: dict[str, Any]) -> bool:
+    """Whether the LM is estimated from the training split's transcripts: every LM but ``lang.lm_arpa`` used as
+    given (``lm_combine: pool``)."""
+    return lang["lm_combine"] == "interpolate" or not lang["lm_arpa"]
+
+
 def lm_source(lang: dict[str, Any]) -> str:
     """What the LM was made of, in words, for the manifest."""
+    if not lm_has_transcripts(lang):
+        return lang["lm_arpa"]
     if lang["lm_combine"] == "interpolate":
         return " + ".join(["transcripts", *lang["lm_text"],
                            *([lang["lm_arpa"]] if lang["lm_arpa"] else [])]) + " (interpolated)"
-    return lang["lm_arpa"] or ("transcripts + lm_text" if lang["lm_text"] else "transcripts")
+    return "transcripts + lm_text" if lang["lm_text"] else "transcripts"
 
 
 def lexicon_file(config: dict[str, Any]) -> dict[str, list[list[str]]] | None:

@@ -32,12 +32,19 @@ def seen_sentences(data_dir: Path, lang_dir: Path, refs: dict[str, str]) -> dict
     return {utt: "seen" if text in known else "new" for utt, text in refs.items()}
 
 
+def _wers(by_group: dict[str, dict[str, Any]]) -> str:
+    """One log line's WER and utterance count per group."""
+    return ", ".join(f"{g} %WER {100 * s['wer']:.2f} ({s['n_utts']} utterances)" for g, s in by_group.items())
+
+
 def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_dir: str | Path,
-                out_json: str | Path, log=print, groups: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                out_json: str | Path, log=print, groups: dict[str, dict[str, Any]] | None = None,
+                sentences: bool = False) -> dict[str, Any]:
     """Score ``decode_dir/hyp.txt`` against the test split's references; write the summary JSON.
 
     Writes ``<out>.json`` (keys: wer, ser, sub, del, ins, n_ref_words, n_utts, oov_rate, rtf, ...; with
-    ``groups``, ``evaluation.groups``, a ``groups`` entry: attribute → group → WER and counts; ``sentences``:
+    ``groups``, ``evaluation.groups``, a ``groups`` entry: attribute → group → WER and counts; with
+    ``sentences``, for an LM estimated from the training transcripts, a ``sentences`` entry:
     :func:`seen_sentences` → WER and counts) and
     ``<out>.details.txt`` (Kaldi-style ref/hyp/op lines per utterance).
     """
@@ -57,7 +64,7 @@ def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_di
         by_speaker = speaker_groups(data_dir / test, groups)
         summary["groups"] = {attribute: group_summaries(scores, {u: of[s] for u, s in utt2spk.items() if s in of})
                              for attribute, of in by_speaker.items()}
-    if (sentence_of := seen_sentences(data_dir, Path(lang_dir), refs)) is not None:
+    if sentences and (sentence_of := seen_sentences(data_dir, Path(lang_dir), refs)) is not None:
         summary["sentences"] = group_summaries(scores, sentence_of)
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(summary, indent=2) + "\n")
@@ -66,9 +73,7 @@ def score_split(data_dir: str | Path, test: str, decode_dir: str | Path, lang_di
         f"{summary['ins']} ins, {summary['del']} del, {summary['sub']} sub ] %SER {100 * summary['ser']:.2f} "
         f"OOV {100 * summary['oov_rate']:.2f}%")
     for attribute, by_group in summary.get("groups", {}).items():
-        log(f"  by {attribute}: " + ", ".join(f"{g} %WER {100 * s['wer']:.2f} ({s['n_utts']} utterances)"
-                                              for g, s in by_group.items()))
+        log(f"  by {attribute}: {_wers(by_group)}")
     if "sentences" in summary:
-        log("  sentences of the LM's training transcripts: " + ", ".join(
-            f"{g} %WER {100 * s['wer']:.2f} ({s['n_utts']} utterances)" for g, s in summary["sentences"].items()))
+        log(f"  sentences of the LM's training transcripts: {_wers(summary['sentences'])}")
     return summary
