@@ -35,6 +35,7 @@ from asrflow.workflow import (
     study_args,
     system_pattern,
     tests_of,
+    total_cores,
     trained_networks,
     tuned_networks,
     train_split,
@@ -47,6 +48,8 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 # Validate against workflow/schemas/, fill defaults, write results/<exp>/config.yaml.
 config, RESOLVED = setup_workflow(config, workflow.overwrite_configfiles)
 RESULTS = results_dir(config)
+# --cores; the machine's CPUs for commands that run no job (--unlock after a killed run)
+CORES = total_cores(workflow)
 
 
 include: "rules/data.smk"

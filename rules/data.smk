@@ -10,7 +10,7 @@ rule data:
         fingerprint=stage_fingerprint(config, "data"),
         # the rejection report's copy that stays when the job fails (Snakemake removes a failed job's output)
         report=f"{RESULTS}/logs/data.report.tsv",
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=per_attempt(4000),  # MB, doubled on the retry (cluster/profile.yaml: retries)
         runtime=per_attempt(60),  # minutes (sbatch -t)

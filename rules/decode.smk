@@ -81,7 +81,7 @@ rule decode:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "decode"),
         optional=lambda wildcards, input: optional_args(input, "tune"),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("decode", "mem_mb", reads="test"),  # MB (sbatch --mem)
         runtime=job_resource("decode", "runtime", reads="test"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
@@ -109,7 +109,7 @@ rule decode_nnet:
         config=RESOLVED,
         fingerprint=lambda wildcards: decode_nnet_fingerprint(config, wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "tune"),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("decode", "mem_mb", reads="test"),  # MB (sbatch --mem)
         runtime=job_resource("decode", "runtime", reads="test"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
@@ -138,7 +138,7 @@ rule tune_nnet:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "tune", system=wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "gmm", "graph", "heldout_lang", "heldout_graph"),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("tune", "mem_mb", reads="train"),  # MB (sbatch --mem)
         runtime=job_resource("tune", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
@@ -168,7 +168,7 @@ rule tune_gmm:
     params:
         config=RESOLVED,
         fingerprint=stage_fingerprint(config, "tune_gmm"),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("tune", "mem_mb", reads="train"),  # MB (sbatch --mem)
         runtime=job_resource("tune", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS

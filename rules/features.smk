@@ -11,7 +11,7 @@ rule features:
     params:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "features", wildcards.kind),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("features", "mem_mb"),  # MB (sbatch --mem)
         runtime=job_resource("features", "runtime"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS

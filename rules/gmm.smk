@@ -16,7 +16,7 @@ rule gmm:
         fingerprint=lambda wildcards: stage_fingerprint(config, "gmm", system=wildcards.system),
         source=lambda wildcards, input: optional_args(input, "source"),
         state=lambda wildcards: f"{RESULTS}/gmm_state/{wildcards.train}/{wildcards.system}",  # survives a failure
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("gmm", "mem_mb", reads="train"),  # MB (sbatch --mem)
         runtime=job_resource("gmm", "runtime", reads="train"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
@@ -48,7 +48,7 @@ rule align:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "align", system=wildcards.system),
         split=lambda wildcards: perturbed_split(wildcards.train),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("align", "mem_mb", reads="copies"),  # MB (sbatch --mem)
         runtime=job_resource("align", "runtime", reads="copies"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
@@ -82,7 +82,7 @@ rule fmllr:
         config=RESOLVED,
         fingerprint=lambda wildcards: stage_fingerprint(config, "fmllr", system=wildcards.system),
         optional=lambda wildcards, input: optional_args(input, "alignments", "init"),
-    threads: dask_threads(config, workflow.cores)
+    threads: dask_threads(config, CORES)
     resources:
         mem_mb=job_resource("fmllr", "mem_mb"),  # MB (sbatch --mem)
         runtime=job_resource("fmllr", "runtime"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS

@@ -18,7 +18,7 @@ rule nnet:
         fingerprint=lambda wildcards: stage_fingerprint(config, "nnet", system=wildcards.system),
         state=lambda wildcards: f"{RESULTS}/nnet_state/{wildcards.train}/{wildcards.system}",
         optional=lambda wildcards, input: optional_args(input, "gmm", "alignments", "graph", "lang", "init", "teacher"),
-    threads: nnet_threads(config, workflow.cores)
+    threads: nnet_threads(config, CORES)
     resources:
         mem_mb=job_resource("nnet", "mem_mb", reads="network", config=config),  # MB (sbatch --mem)
         runtime=job_resource("nnet", "runtime", reads="network", config=config),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS

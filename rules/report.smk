@@ -45,7 +45,7 @@ rule parallel_study:
         config=RESOLVED,
         study=lambda wildcards: study_args(config),
         out=lambda wildcards, output: Path(output.bench).parent,
-    threads: workflow.cores
+    threads: CORES
     log:
         f"{RESULTS}/logs/parallel_study.log",
     conda:

@@ -141,6 +141,20 @@ def job_resource(stage: str, kind: str, reads: str = "all", config: dict[str, An
     return value
 
 
+def total_cores(workflow: Any) -> int:
+    """The cores Snakemake may use (``--cores``), the jobs' thread counts are cut to.
+
+    Commands that run no job take no ``--cores`` (``--unlock``, which Snakemake itself names after a
+    killed run, ``--summary``, ``--cleanup-metadata``); for them this machine's CPUs stand in, so that the
+    rules' thread counts still evaluate and those commands work."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        return int(workflow.cores)
+    except WorkflowError:
+        return os.cpu_count() or 1
+
+
 def dask_threads(config: dict[str, Any], cores: int) -> int:
     """CPUs a Dask stage's own job needs: for a local cluster its ``dask.workers`` (null: all of ``cores``),
     else one (the scheduler; the workers are Slurm jobs or already running), so its CPUs go to the workers.

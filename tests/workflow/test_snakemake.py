@@ -221,6 +221,13 @@ def test_a_dry_run_in_a_new_folder_lists_every_job(tmp_path: Path) -> None:
     assert "output: results/yesno/graph/train_heldout/tri\n" in out.stdout
 
 
+def test_unlock_needs_no_cores(tmp_path: Path) -> None:
+    """``--unlock``, the command Snakemake names after a killed run, takes no ``--cores``: the rules'
+    thread counts must not need it."""
+    out = snakemake(tmp_path, "--unlock", "--configfile", str(YESNO))
+    assert "Unlocked working directory." in out.stdout + out.stderr
+
+
 def test_config_typo_stops_with_the_key(tmp_path: Path) -> None:
     overlay = tmp_path / "typo.yaml"
     overlay.write_text("features:\n  mfcc:\n    num_cep: 12\n")
