@@ -270,3 +270,88 @@ def test_a_walk_stops_at_the_first_point_worse_than_the_best_of_its_line() -> No
     decoded.clear()
     walk_line([(i,) for i in range(6)], 1, {}, evaluate)
     assert sorted(decoded) == [0, 1, 2]
+
+
+def test_tuning_runs_each_held_out_shard_through_the_network_once(tmp_path, monkeypatch) -> None:
+    """Scoring with ``keep`` (what tuning asks for) gives a shard's log posteriors again without running the
+    network; another network file, a new modification time or ``keep`` off runs it; the memory cap holds."""
+    import os
+
+    import torch
+
+    from asrflow.decode import decoder
+    from asrflow.gmm import estep
+    from asrflow.nnet.inference import Scoring
+    from asrflow.nnet.models import build_model
+
+    torch.manual_seed(0)
+    config = {"type": "dnn", "hidden": 8, "layers": 1, "context": 1, "dropout": 0.0}
+    for name in ("a.pt", "b.pt"):
+        torch.save({"model": build_model(config, 5, 3).state_dict(), "config": config, "input_dim": 5,
+                    "num_classes": 3}, tmp_path / name)
+    rng = np.random.default_rng(0)
+    mats = {utt: rng.standard_normal((n, 5)).astype(np.float32) for utt, n in (("u1", 30), ("u2", 12))}
+    read: list[str] = []
+
+    def features(shard):
+        read.append(shard.key)
+        return [mats[u] for u in shard.utts]
+
+    monkeypatch.setattr(estep, "features", features)
+    monkeypatch.setattr(decoder, "_KEPT", {})
+    shard = estep.Shard("s0", ("u1", "u2"), ("x", "x"), estep.Shard.pack(("f:1", "f:2"), ((), ()), {}), str(tmp_path),
+                        deltas=0)
+    other = estep.Shard("s1", ("u2",), ("x",), estep.Shard.pack(("f:2",), ((),), {}), str(tmp_path), deltas=0)
+    kept = Scoring(str(tmp_path / "a.pt"), keep=True)
+    frames, first = kept.shard_log_posteriors(shard)
+    assert frames == [30, 12] and [p.shape for p in first] == [(30, 3), (12, 3)]
+    assert kept.shard_log_posteriors(shard)[1] is first and read == ["s0"]  # kept: not read, not run again
+    assert np.allclose(Scoring(str(tmp_path / "a.pt")).shard_log_posteriors(shard)[1][0], first[0])
+    assert read == ["s0", "s0"]  # keep off: run again
+    kept.shard_log_posteriors(other)
+    Scoring(str(tmp_path / "b.pt"), keep=True).shard_log_posteriors(shard)  # another network: a's are let go
+    assert read == ["s0", "s0", "s1", "s0"] and len(decoder._KEPT) == 1
+    stat = os.stat(tmp_path / "b.pt")
+    os.utime(tmp_path / "b.pt", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the network written again
+    Scoring(str(tmp_path / "b.pt"), keep=True).shard_log_posteriors(shard)
+    assert read[-1] == "s0" and len(read) == 5
+    monkeypatch.setattr(decoder, "KEEP_BYTES", 100)  # too little for any shard: each is run every time
+    monkeypatch.setattr(decoder, "_KEPT", {})
+    kept.shard_log_posteriors(shard)
+    kept.shard_log_posteriors(shard)
+    assert read[-2:] == ["s0", "s0"] and not decoder._KEPT
+
+
+def test_gmm_tuning_computes_each_shard_s_log_likelihoods_once(monkeypatch) -> None:
+    """A GMM decode with ``keep`` (tuning's) computes the pdf log-likelihoods of a shard on its first call only;
+    a changed model computes them again, and a test decode (no ``keep``) never keeps them."""
+    from asrflow.decode import decoder
+    from asrflow.gmm import estep
+
+    computed: list[bytes] = []
+
+    class Model:
+        tid2pdf = np.zeros(3, dtype=np.int64)
+
+        def __init__(self, blob: bytes) -> None:
+            self.blob = blob
+
+        def pdf_loglikes(self, x: np.ndarray) -> np.ndarray:
+            computed.append(self.blob)
+            return np.zeros((x.shape[0], 2), dtype=np.float32)
+
+    monkeypatch.setattr(decoder, "_KEPT", {})
+    monkeypatch.setattr(decoder.GmmModel, "from_bytes", staticmethod(Model))
+    monkeypatch.setattr(decoder, "features", lambda shard: [np.zeros((7, 4), np.float32)] * len(shard.utts))
+    monkeypatch.setattr(decoder, "decode_settings", lambda utts, frames, scores, *rest: (frames, scores))
+    payload = estep.Shard.pack(("f:1", "f:2"), ((), ()), {})
+    shard = estep.Shard("s0", ("u1", "u2"), ("x", "x"), payload, "lang", deltas=0)
+    frames, first = decoder.decode_shard_settings(shard, b"model-1", "HCLG.fst", [], keep=True)
+    assert frames == [7, 7] and len(computed) == 2
+    assert decoder.decode_shard_settings(shard, b"model-1", "HCLG.fst", [], keep=True)[1] is first
+    assert len(computed) == 2
+    decoder.decode_shard_settings(shard, b"model-2", "HCLG.fst", [], keep=True)
+    assert computed[2:] == [b"model-2", b"model-2"]
+    decoder.decode_shard_settings(shard, b"model-2", "HCLG.fst", [])
+    decoder.decode_shard_settings(shard, b"model-2", "HCLG.fst", [])
+    assert len(computed) == 8 and len(decoder._KEPT) == 1

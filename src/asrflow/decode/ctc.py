@@ -24,7 +24,7 @@ import numpy as np
 
 from asrflow.config.settings import Decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings
-from asrflow.gmm.estep import Shard, features
+from asrflow.gmm.estep import Shard
 from asrflow.lang.lm import BOS, EOS, UNK, ArpaLM
 from asrflow.nnet.inference import Scoring
 from asrflow.nnet.units import Units
@@ -101,9 +101,8 @@ def decode_shard_graph_settings(shard: Shard, scoring: Scoring, graph_path: str,
     """
     scoring.load()
     start = time.perf_counter()
-    feats = features(shard)
-    posteriors = scoring.log_posteriors(feats)
-    return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
+    frames, posteriors = scoring.shard_log_posteriors(shard)
+    return decode_settings(shard.utts, frames, posteriors, time.perf_counter() - start,
                            graph_path, settings, scaled_posteriors)
 
 
@@ -214,10 +213,9 @@ def decode_shard_settings(shard: Shard, scoring: Scoring, lm_path: str | None,
     units = Units(header["units"].numpy().tobytes())
     lm = _lm(lm_path)
     start = time.perf_counter()
-    feats = features(shard)
-    posteriors = scoring.log_posteriors(feats)
+    lengths, posteriors = scoring.shard_log_posteriors(shard)
     forward = time.perf_counter() - start
-    frames = sum(x.shape[0] for x in feats)
+    frames = sum(lengths)
     results = []
     for opts in settings:
         begin = time.perf_counter()

@@ -4,11 +4,13 @@ The GMM's log-likelihoods of every pdf are computed for a whole utterance at onc
 matrix products) and searched by Kaldi's faster decoder, which keeps no lattice: every
 consumer reads only the best path. Workers cache the graph by path and modification time
 (and the word insertion penalty folded into it); each task reports the decoding time so the
-real-time factor excludes graph loading.
+real-time factor excludes graph loading. A tuning search, which decodes the same shards once per
+step, asks workers to keep each shard's scores too (:func:`kept_scores`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -26,6 +28,11 @@ from asrflow.kaldi import add_word_penalty, kfst, khg
 MIN_ACTIVE = 200
 _GRAPHS: dict[tuple, object] = {}
 _PENALISED: dict[str, object] = {}
+#: Shards' frame counts and score matrices kept by :func:`kept_scores`, by (model, shard).
+_KEPT: dict[tuple, tuple[list[int], list[np.ndarray]]] = {}
+#: The most bytes of scores a worker keeps: a large corpus's tuning set may hold more, and the shards beyond it
+#: are scored again on every decode.
+KEEP_BYTES = 1 << 30
 
 
 @dataclass
@@ -87,6 +94,36 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
         id2word = [words.get(i, "") for i in range(max(words) + 1)]
         _GRAPHS[key] = (kfst.StdVectorFst.read(path), id2word)
     return _GRAPHS[key]
+
+
+def shard_key(shard: Shard) -> tuple | None:
+    """What a shard's scores depend on besides the model: its utterances, feature locations and normalisation
+    (None for a shard through a projection, which is not compared)."""
+    if shard.projection is not None:
+        return None
+    return shard.key, shard.deltas, shard.per_utterance, hashlib.blake2b(shard.payload, digest_size=16).digest()
+
+
+def kept_scores(model: tuple | None, shard: Shard,
+                score: Callable[[], tuple[list[int], list[np.ndarray]]]) -> tuple[list[int], list[np.ndarray]]:
+    """``score()`` of ``shard`` (each utterance's frames and score matrix), kept in the worker under ``model``
+    (what identifies the model; None: nothing kept) and given again for the same model and shard.
+
+    A tuning search decodes its held-out shards once per step, and Dask sends each shard to
+    the same worker every time, so the acoustic model runs once per shard. Scores of another
+    model are let go; those that would take the worker past :data:`KEEP_BYTES` are not kept.
+    """
+    key = (model, shard_key(shard)) if model is not None else None
+    if key is None or key[1] is None:
+        return score()
+    if key in _KEPT:
+        return _KEPT[key]
+    out = score()
+    for other in [k for k in _KEPT if k[0] != model]:
+        del _KEPT[other]
+    if sum(m.nbytes for _, mats in _KEPT.values() for m in mats) + sum(m.nbytes for m in out[1]) <= KEEP_BYTES:
+        _KEPT[key] = out
+    return out
 
 
 def min_active(max_active: int) -> int:
@@ -198,18 +235,24 @@ def decode_settings(utts: list[str], frames: list[int], posteriors: list[np.ndar
 
 
 def decode_shard_settings(shard: Shard, model_blob: bytes, graph_path: str,
-                          settings: list[DecodeOptions]) -> list[DecodeResult]:
+                          settings: list[DecodeOptions], keep: bool = False) -> list[DecodeResult]:
     """1-best words of each utterance of a shard with a GMM-HMM, once per decoder setting (runs on a Dask
     worker; :func:`per_setting`).
 
     Every pdf's log-likelihoods are computed once per utterance and shared by all the searches,
-    each result's time including that computation.
+    each result's time including that computation; ``keep``: kept for the next call
+    (:func:`kept_scores`).
     """
     model = GmmModel.from_bytes(model_blob)
     start = time.perf_counter()
-    feats = features(shard)
-    loglikes = [model.pdf_loglikes(x) for x in feats]
-    return decode_settings(list(shard.utts), [x.shape[0] for x in feats], loglikes, time.perf_counter() - start,
+
+    def score() -> tuple[list[int], list[np.ndarray]]:
+        feats = features(shard)
+        return [x.shape[0] for x in feats], [model.pdf_loglikes(x) for x in feats]
+
+    model_key = ("gmm", hashlib.blake2b(model_blob, digest_size=16).digest()) if keep else None
+    frames, loglikes = kept_scores(model_key, shard, score)
+    return decode_settings(list(shard.utts), frames, loglikes, time.perf_counter() - start,
                            graph_path, settings,
                            lambda p, opts: transition_columns(p, model.tid2pdf, opts.acoustic_scale))
 

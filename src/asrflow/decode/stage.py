@@ -68,16 +68,18 @@ def decode_split(config: dict[str, Any], model_dir: str | Path, graph_dir: str |
 
 
 def decode_gmm(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, shards: list, client: Any,
-               overrides: list[dict[str, float]],
-               desc: str = "decode") -> tuple[list[DecodeOptions], list[list[DecodeResult]]]:
+               overrides: list[dict[str, float]], desc: str = "decode",
+               keep: bool = False) -> tuple[list[DecodeOptions], list[list[DecodeResult]]]:
     """Decode ``shards`` with the GMM in ``model_dir`` through its HCLG once per entry of ``overrides`` (laid
-    over the ``decode`` section). Returns the options of each setting and, per shard, one result per setting."""
+    over the ``decode`` section). Returns the options of each setting and, per shard, one result per setting.
+    ``keep``: the workers keep each shard's log-likelihoods for the next call with the same shards (a tuning
+    search's steps; :func:`~asrflow.decode.decoder.kept_scores`)."""
     from dataclasses import replace
 
     settings = [replace(gmm_decode_options(config["decode"]), **o) for o in overrides]
     blob = broadcast(client, GmmModel.load(model_dir).to_bytes())
     graph_path = str(Path(graph_dir).resolve() / "HCLG.fst")
-    results = run_sharded(client, decode_shard_settings, shards, blob, graph_path, settings,
+    results = run_sharded(client, decode_shard_settings, shards, blob, graph_path, settings, keep=keep,
                           units=[len(s.utts) for s in shards], desc=desc, retries=config["dask"]["retries"])
     return settings, results
 
@@ -122,12 +124,14 @@ def decoder_kind(model: dict[str, Any]) -> str:
 def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lang_dir: str | Path,
                    shards: list, client: Any, overrides: list[dict[str, float]],
                    gmm_dir: str | Path | None = None, graph_dir: str | Path | None = None,
-                   desc: str = "decode") -> tuple[list[Any], list[list[DecodeResult]]]:
+                   desc: str = "decode", keep: bool = False) -> tuple[list[Any], list[list[DecodeResult]]]:
     """Decode ``shards`` with network ``system`` once per entry of ``overrides`` (laid over ``nnet.decode``).
 
     Hybrids go through the GMM's HCLG, CTC networks over phones through TLG (``graph_dir``),
     other CTC networks through prefix beam search. Returns the options of each setting and,
-    per shard, one result per setting (one forward pass each).
+    per shard, one result per setting (one forward pass each). ``keep``: the workers keep each
+    shard's log posteriors for the next call with the same shards (a tuning search's steps;
+    :meth:`~asrflow.nnet.inference.Scoring.shard_log_posteriors`).
     """
     from dataclasses import replace
 
@@ -136,7 +140,8 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
     from asrflow.nnet.inference import Scoring
 
     dcfg = decoding(config, system)
-    network = Scoring(str(Path(net_dir).resolve() / "final.pt"), dcfg.frame_skip, dcfg.batch_frames, dcfg.device)
+    network = Scoring(str(Path(net_dir).resolve() / "final.pt"), dcfg.frame_skip, dcfg.batch_frames, dcfg.device,
+                      keep)
     units = [len(s.utts) for s in shards]
     if config["nnet"]["models"][system]["objective"] == "hybrid":
         if gmm_dir is None or graph_dir is None:

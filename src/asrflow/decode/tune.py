@@ -15,6 +15,9 @@ coordinate search (``search: coordinate``: one setting's list at a time, the oth
 their best so far, until nothing changes; about the sum of the lists' lengths in decodes
 instead of their product), or each step of a walk (``search: walk``: the coordinate search's
 rounds, each list walked from the current value while the errors fall; a few decodes per list).
+The workers keep the held-out shards' scores (a network's log posteriors, a GMM's log-likelihoods)
+from one step to the next, so the acoustic model runs once per shard whatever the search (up to a
+memory cap per worker).
 Held-out sets are small, so several settings often tie on errors;
 the tie goes to the setting whose (visited) grid neighbours make the fewest errors, and then to
 the middle of what is still tied (a flat optimum's centre rather than its edge).
@@ -194,7 +197,8 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
             make_graph(lang, gmm_dir if kind == "hclg" else None, graph, log=log)
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
-        return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc)[1]
+        return decode_network(config, system, net_dir, lang, shards, client, points, gmm_dir, graph, desc=desc,
+                              keep=True)[1]
 
     return tune_decoder(config, system, config["nnet"]["models"][system]["objective"], AXES[kind], tune,
                         paths.data, paths.features, paths.lang, train_split, out, build_graph, decode,
@@ -223,7 +227,7 @@ def tune_gmm(config: dict[str, Any], system: str, model_dir: str | Path, data_di
             make_graph(lang, model_dir, graph, log=log)
 
     def decode(lang: Path, shards: list, points: list[dict[str, float]], desc: str) -> list[list[Any]]:
-        return decode_gmm(config, model_dir, graph, shards, client, points, desc=desc)[1]
+        return decode_gmm(config, model_dir, graph, shards, client, points, desc=desc, keep=True)[1]
 
     return tune_decoder(config, system, "gmm", AXES["hclg"], config["decode"]["tune"], data_dir, feats_dir,
                         lang_dir, train_split, out, build_graph, decode, gmm_features(model_dir, adapted),

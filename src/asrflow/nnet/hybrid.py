@@ -16,7 +16,7 @@ import numpy as np
 
 from asrflow.config.settings import Decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_settings, transition_columns
-from asrflow.gmm.estep import Shard, features
+from asrflow.gmm.estep import Shard
 from asrflow.gmm.model import GmmModel
 from asrflow.nnet.inference import Scoring, batch_log_posteriors
 
@@ -84,8 +84,7 @@ def decode_shard_settings(shard: Shard, scoring: Scoring, priors: np.ndarray, gm
     scoring.load()
     gmm = GmmModel.from_bytes(gmm_blob)
     start = time.perf_counter()
-    feats = features(shard)
-    posteriors = scoring.log_posteriors(feats)
-    return decode_settings(shard.utts, [x.shape[0] for x in feats], posteriors, time.perf_counter() - start,
+    frames, posteriors = scoring.shard_log_posteriors(shard)
+    return decode_settings(shard.utts, frames, posteriors, time.perf_counter() - start,
                            graph_path, settings,
                            lambda p, opts: transition_loglikes(p, priors, gmm.tid2pdf, opts.acoustic_scale))

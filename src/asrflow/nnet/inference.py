@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,6 +13,9 @@ import torch
 from asrflow.nnet.frames import frame_skipping
 from asrflow.nnet.models import build_model
 from asrflow.nnet.prune import unpacked
+
+if TYPE_CHECKING:
+    from asrflow.gmm.estep import Shard
 
 _NETS: dict[tuple, tuple[torch.nn.Module, dict]] = {}
 
@@ -65,6 +69,7 @@ class Scoring:
     frame_skip: int = 1
     batch_frames: int = 2000
     device: str = "cpu"
+    keep: bool = False  # keep each shard's log posteriors in the worker: a tuning search decodes them again
 
     def load(self) -> tuple[torch.nn.Module, dict]:
         """The network (cached per worker, on its device) and its ``final.pt`` header."""
@@ -73,6 +78,20 @@ class Scoring:
     def log_posteriors(self, feats: list[np.ndarray]) -> list[np.ndarray]:
         """Per-frame log posteriors of each utterance (:func:`batch_log_posteriors`)."""
         return batch_log_posteriors(self.load()[0], feats, self.batch_frames)
+
+    def shard_log_posteriors(self, shard: Shard) -> tuple[list[int], list[np.ndarray]]:
+        """Each utterance's input frames and log posteriors of a shard (its features as
+        :func:`~asrflow.gmm.estep.features` reads them); with ``keep``, kept in the worker for the
+        next call with this network and shard (:func:`~asrflow.decode.decoder.kept_scores`)."""
+        from asrflow.decode.decoder import kept_scores
+        from asrflow.gmm.estep import features
+
+        def score() -> tuple[list[int], list[np.ndarray]]:
+            feats = features(shard)
+            return [x.shape[0] for x in feats], self.log_posteriors(feats)
+
+        model = (self.network, os.stat(self.network).st_mtime_ns, self.frame_skip, self.device) if self.keep else None
+        return kept_scores(model, shard, score)
 
 
 def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:
