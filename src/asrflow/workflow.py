@@ -90,8 +90,8 @@ class JobCost:
 #: speechocean762 (2.9 h train, 8.7 h train_sp, 2.7 h test; two cores): a job's peak memory is 0.8-1.9 GB
 #: (fmllr 3.7 GB), its core-minutes per hour 0.1 (features, align), 2-4 (gmm), 4-8 (fmllr), 13 (decode), 4 a
 #: network epoch on CPU; the bases hold start-up and the per-hour rates are about three times the measured.
-#: Tuning with the 20,000-word LM's graphs: peaks adding up to 4.9 GB (the driver 0.4 GB, each of two workers
-#: 2.2 GB: the held-out TLG, a penalised copy of it and the held-out shards' kept scores, at most 1 GiB a worker).
+#: Tuning with the 20,000-word LM's graphs: 4.9 GB for the driver's peak (0.4 GB) and twice the larger of two
+#: workers' (2.2 GB; each holds the held-out TLG, a penalised copy and the kept scores, at most 1 GiB a worker).
 JOB_COSTS: dict[str, JobCost] = {
     "features": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
     "gmm": JobCost(mem_mb=(3000, 20), minutes=(20, 10)),
