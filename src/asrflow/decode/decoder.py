@@ -113,9 +113,10 @@ def kept_scores(model: tuple | None, shard: Shard,
     the same worker every time, so the acoustic model runs once per shard. Scores of another
     model are let go; those that would take the worker past :data:`KEEP_BYTES` are not kept.
     """
-    key = (model, shard_key(shard)) if model is not None else None
-    if key is None or key[1] is None:
+    shard_id = shard_key(shard) if model is not None else None
+    if shard_id is None:
         return score()
+    key = (model, shard_id)
     if key in _KEPT:
         return _KEPT[key]
     out = score()

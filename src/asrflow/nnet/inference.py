@@ -42,6 +42,12 @@ def scoring_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def network_key(path: str | Path, frame_skip: int = 1, device: str = "cpu") -> tuple:
+    """What identifies a network loaded for scoring: its file (path and modification time), frame skipping and
+    device (``auto`` resolved)."""
+    return str(path), os.stat(path).st_mtime_ns, frame_skip, str(scoring_device(device))
+
+
 def cached_network(path: str | Path, frame_skip: int = 1, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """:func:`load_network`, cached by path, modification time, frame skipping and device (Dask workers reuse
     it); with ``frame_skip`` k > 1 set to compute every k-th frame (:func:`~asrflow.nnet.frames.frame_skipping`),
@@ -52,7 +58,7 @@ def cached_network(path: str | Path, frame_skip: int = 1, device: str = "cpu") -
     """
     torch.set_num_threads(1)
     target = scoring_device(device)
-    key = (str(path), os.stat(path).st_mtime_ns, frame_skip, str(target))
+    key = network_key(path, frame_skip, device)
     if key not in _NETS:
         model, saved = load_network(path)
         model = frame_skipping(model, frame_skip) if frame_skip > 1 else model
@@ -90,7 +96,7 @@ class Scoring:
             feats = features(shard)
             return [x.shape[0] for x in feats], self.log_posteriors(feats)
 
-        model = (self.network, os.stat(self.network).st_mtime_ns, self.frame_skip, self.device) if self.keep else None
+        model = network_key(self.network, self.frame_skip, self.device) if self.keep else None
         return kept_scores(model, shard, score)
 
 
