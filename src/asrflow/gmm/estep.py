@@ -282,8 +282,10 @@ def moments(shard: Shard) -> tuple[float, np.ndarray, np.ndarray]:
     return float(len(x)), x.sum(0), (x * x).sum(0)
 
 
-def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment]):
-    """``acc-tree-stats`` for a shard, from a system's alignments (each frame's phone and HMM state)."""
+def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment], factor: int = 1):
+    """``acc-tree-stats`` for a shard, from a system's alignments (each frame's phone and HMM state); with
+    ``factor`` > 1 at one frame in ``factor``, for a chain tree (:func:`asrflow.gmm.chain.chain_tree_stats`)."""
+    from asrflow.gmm.chain import chain_tree_stats
     from asrflow.gmm.tree import TreeStats, accumulate_tree_stats
 
     model = GmmModel.from_bytes(model_blob)
@@ -292,5 +294,8 @@ def tree_stats(shard: Shard, model_blob: bytes, alignments: dict[str, Alignment]
     for feats, utt in zip(features(shard), shard.utts):
         if utt in alignments:
             ali = load_alignment(alignments[utt])
-            parts.append(accumulate_tree_stats(feats, phone_of[ali], state_of[ali]))
+            if factor == 1:
+                parts.append(accumulate_tree_stats(feats, phone_of[ali], state_of[ali]))
+            elif (stats := chain_tree_stats(feats, phone_of[ali], state_of[ali], factor)) is not None:
+                parts.append(stats)
     return TreeStats.merge(parts) if parts else None

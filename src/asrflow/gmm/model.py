@@ -51,16 +51,26 @@ class GmmModel:
         return np.asarray(self.tm.transition_id_to_pdf_array(), dtype=np.int64)
 
     @functools.cached_property
-    def tid_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(phone, hmm_state)`` of each transition id, from the model's ``<Triples>``."""
+    def transition_states(self) -> np.ndarray:
+        """``(phone, hmm_state, forward pdf, self-loop pdf)`` of each transition state (row ``s − 1`` for state
+        ``s``), from the model's ``<Triples>`` (one pdf per HMM state) or ``<Tuples>`` (a chain topology's
+        forward and self-loop pdf classes)."""
         text = str(self.tm)
-        body = text[text.index("<Triples>") + len("<Triples>"): text.index("</Triples>")].split()
-        triples = np.asarray(body[1:], dtype=np.int64).reshape(-1, 3)
+        for name, width in (("Triples", 3), ("Tuples", 4)):
+            if f"<{name}>" in text:
+                body = text[text.index(f"<{name}>") + len(name) + 2: text.index(f"</{name}>")].split()
+                table = np.asarray(body[1:], dtype=np.int64).reshape(-1, width)
+                return table if width == 4 else np.concatenate([table, table[:, 2:]], axis=1)
+        raise ValueError("the transition model lists neither <Triples> nor <Tuples>")
+
+    @functools.cached_property
+    def tid_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(phone, hmm_state)`` of each transition id (index 0 unused)."""
         states = np.asarray(self.tm.id2state, dtype=np.int64)
         phone = np.zeros(len(states), dtype=np.int64)
         hmm_state = np.zeros(len(states), dtype=np.int64)
-        phone[1:] = triples[states[1:] - 1, 0]
-        hmm_state[1:] = triples[states[1:] - 1, 1]
+        phone[1:] = self.transition_states[states[1:] - 1, 0]
+        hmm_state[1:] = self.transition_states[states[1:] - 1, 1]
         return phone, hmm_state
 
     @functools.cached_property
@@ -106,8 +116,14 @@ def single_gaussian(mean: np.ndarray, var: np.ndarray):
 
 
 def read_topology(path: str | Path):
+    """The HMM topology in Kaldi's text format in file ``path`` (a lang's ``topo``)."""
+    return topology_from_text(Path(path).read_text())
+
+
+def topology_from_text(text: str):
+    """An HMM topology from Kaldi's text format."""
     topo = khg.HmmTopology()
-    topo.read(Path(path).read_text())
+    topo.read(text)
     return topo
 
 

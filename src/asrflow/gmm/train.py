@@ -279,22 +279,30 @@ def tree_model(config: dict[str, Any], cfg: dict[str, Any], shards: list[Shard],
     """A decision tree from the source system's alignments over the shards' features, and the model it starts
     (one Gaussian per leaf); with its description for the manifest."""
     retries = config["dask"]["retries"]
-    lang_dir = Path(lang_dir)
     blob = broadcast(client, source.to_bytes())
     per_shard = [shard_alignments(source_alignments, s.utts) for s in shards]
     stats = run_reduced(client, _tree_stats_args, list(zip(shards, per_shard)), blob, combine=_merge_tree_stats,
                         desc="tree-stats", retries=retries)
     if stats is None:
         raise ValueError(f"{system}: no aligned frames to build a tree from")
+    return tree_from_stats(stats, lang_dir, source.topo, cfg, log, system)
+
+
+def tree_from_stats(stats: TreeStats, lang_dir: str | Path, topo: Any, cfg: dict[str, Any],
+                    log: Callable[[str], None], system: str) -> tuple[GmmModel, dict[str, Any]]:
+    """``build-tree`` for the lang's phones on ``stats`` (``cfg``: ``leaves``, ``tree_thresh``,
+    ``min_leaf_count``), with questions from ``cluster-phones``, and the model it starts under ``topo``
+    (one Gaussian per leaf); with its description for the manifest."""
+    lang_dir = Path(lang_dir)
     silence = [int(x) for x in (lang_dir / "silence.int").read_text().split()]
     nonsilence = [int(x) for x in (lang_dir / "nonsilence.int").read_text().split()]
     phones = sorted(silence + nonsilence)
     questions = phone_questions(stats, phones, extra=[silence, nonsilence])
-    max_classes = max(n for n in source.topo.get_phone_to_num_pdf_classes() if n > 0)
+    max_classes = max(n for n in topo.get_phone_to_num_pdf_classes() if n > 0)
     result = build_tree(stats, [[p] for p in phones], max(phones) + 1, questions, max_classes,
                         max_leaves=cfg["leaves"], thresh=cfg["tree_thresh"], min_leaf_count=cfg["min_leaf_count"])
     tree = tree_from_bytes(context_dependency_bytes(result.root))
-    model = init_from_tree(source.topo, tree, result.pdf_count, result.pdf_sum, result.pdf_sumsq)
+    model = init_from_tree(topo, tree, result.pdf_count, result.pdf_sum, result.pdf_sumsq)
     log(f"{system}: tree with {result.num_pdfs} leaves ({result.splits} splits, likelihood gain "
         f"{result.objf_gain / max(stats.count.sum(), 1):.3f}/frame), {len(questions)} questions")
     return model, {"leaves": result.num_pdfs, "questions": len(questions), "tree_splits": result.splits}
@@ -331,9 +339,9 @@ def _mllt_stats_task(item: tuple[Shard, dict], blob: bytes, silence: set[int]) -
     return mllt_stats(model, *_aligned_frames(shard, model, alignments, silence))
 
 
-def _tree_stats_args(item: tuple[Shard, dict], blob: bytes):
+def _tree_stats_args(item: tuple[Shard, dict], blob: bytes, factor: int = 1):
     shard, alignments = item
-    return tree_stats(shard, blob, alignments)
+    return tree_stats(shard, blob, alignments, factor)
 
 
 def _add_moments(a: tuple[float, np.ndarray, np.ndarray],

@@ -80,6 +80,17 @@ def topology_text(phone_ids: list[int], silence_ids: list[int], phone_states: in
     return "\n".join(lines + ["</Topology>"]) + "\n"
 
 
+def chain_topology_text(phone_ids: list[int]) -> str:
+    """Kaldi's chain topology for every phone (``steps/nnet3/chain/gen_topo.py``): one state, left after a
+    single frame or looped on, whose first frame (the ``forward`` pdf class 0) and later frames (the
+    self-loop's pdf class 1) are modelled apart. A phone then lasts one frame or more, which suits a
+    network that outputs every third frame."""
+    return "\n".join(["<Topology>", "<TopologyEntry>", "<ForPhones>", " ".join(map(str, sorted(phone_ids))),
+                      "</ForPhones>",
+                      "<State> 0 <ForwardPdfClass> 0 <SelfLoopPdfClass> 1 <Transition> 0 0.5 <Transition> 1 0.5 "
+                      "</State>", "<State> 1 </State>", "</TopologyEntry>", "</Topology>"]) + "\n"
+
+
 def lexicon_fst_text(entries: list[tuple[str, list[str]]], sil_phone: str, sil_prob: float,
                      disambig_loop: bool = False, sil_disambig: str | None = None) -> str:
     """Text FST of the lexicon with optional silence (Kaldi's ``make_lexicon_fst.py``).
