@@ -2,10 +2,12 @@
 # Rules say what runs; profiles (cluster/) say where. Run the default experiment with
 #   snakemake --cores all
 # and another with --configfile config/experiments/<name>.yaml.
-from asrflow.config import FMLLR_SYSTEMS, GMM_SYSTEMS
+from asrflow.config import CHAIN, FMLLR_SYSTEMS, GMM_SYSTEMS
 from asrflow.data.perturb import perturbed_split
 from asrflow.workflow import (
     align_inputs,
+    chain_inputs,
+    chain_split,
     dask_threads,
     decode_gres,
     decode_nnet_fingerprint,

@@ -14,7 +14,7 @@ rule graph:
         directory(f"{RESULTS}/graph/{{train}}/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system=system_pattern(GMM_SYSTEMS),
+        system=system_pattern(GMM_SYSTEMS + (CHAIN,)),
     priority: 10
     log:
         f"{RESULTS}/logs/graph.{{train}}.{{system}}.log",
@@ -36,7 +36,7 @@ rule graph_heldout:
         directory(f"{RESULTS}/graph/{{train}}_heldout/{{system}}"),
     wildcard_constraints:
         train="[^/]*train",
-        system=system_pattern(GMM_SYSTEMS),
+        system=system_pattern(GMM_SYSTEMS + (CHAIN,)),
     log:
         f"{RESULTS}/logs/graph.{{train}}_heldout.{{system}}.log",
     benchmark:

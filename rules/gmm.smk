@@ -65,6 +65,38 @@ rule align:
         " --out {output} --workers {threads} > {log} 2>&1"
 
 
+# The chain tree (nnet.chain): a one-state topology's tied states at one frame in frame_subsampling,
+# built from the source GMM's alignments (of the speed-perturbed copies when a network on it trains
+# on them) and those alignments converted to it (Kaldi's steps/nnet3/chain/build_tree.sh). Hybrids
+# with alignments: chain train on it; rule graph builds its HCLG like a GMM's.
+rule chain:
+    input:
+        unpack(lambda wildcards: chain_inputs(config, wildcards.train)),
+    output:
+        directory(f"{RESULTS}/gmm/{{train}}/{CHAIN}"),
+    wildcard_constraints:
+        train="[^/]*train",
+    params:
+        config=RESOLVED,
+        fingerprint=stage_fingerprint(config, "chain"),
+        split=lambda wildcards: chain_split(config, wildcards.train),
+    threads: dask_threads(config, CORES)
+    resources:
+        mem_mb=job_resource("chain", "mem_mb", reads="copies"),  # MB (sbatch --mem)
+        runtime=job_resource("chain", "runtime", reads="copies"),  # minutes (sbatch -t): asrflow.workflow.JOB_COSTS
+    priority: 10
+    log:
+        f"{RESULTS}/logs/chain.{{train}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/chain.{{train}}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    shell:
+        "asrflow chain --config {params.config} --source {input.source} --alignments {input.alignments}"
+        " --split {params.split} --data {input.data} --features {input.features} --lang {input.lang}"
+        " --out {output} --workers {threads} > {log} 2>&1"
+
+
 # Speaker-adapted features (nnet.features or a network's features: fmllr): one fMLLR transform
 # per speaker of the training split (from its alignments), of its speed-perturbed copies, and
 # of its test splits (from first-pass hypotheses), written as a feature kind (Kaldi's

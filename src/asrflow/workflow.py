@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from asrflow.config import (
+    CHAIN,
     FMLLR_SYSTEMS,
     GMM_SOURCES,
     GMM_SYSTEMS,
     SAT_SOURCES,
     ConfigError,
+    feature_gmm,
     model_alignments,
     model_features,
     model_train,
@@ -50,6 +52,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     # one system's section: adding or changing another system's does not retrain this one
     "gmm": ("seed", "gmm.shard_utts", "gmm.hold_out", "nnet.valid_fraction", "nnet.hold_out", "gmm.{system}"),
     "align": ("gmm.shard_utts", "gmm.{system}"),
+    "chain": ("gmm.shard_utts", "nnet.chain"),
     # the first passes decode at fmllr.beam and fmllr.max_active with the decode section's scale and penalty
     "fmllr": ("gmm.shard_utts", "gmm.{system}", "decode.acoustic_scale", "decode.insertion_penalty", "fmllr"),
     "decode": ("decode",),
@@ -97,6 +100,7 @@ JOB_COSTS: dict[str, JobCost] = {
     "features": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
     "gmm": JobCost(mem_mb=(3000, 20), minutes=(20, 10)),
     "align": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
+    "chain": JobCost(mem_mb=(3000, 20), minutes=(15, 2)),
     "fmllr": JobCost(mem_mb=(4000, 20), minutes=(20, 20)),
     "decode": JobCost(mem_mb=(3000, 10), minutes=(10, 40)),
     "tune": JobCost(mem_mb=(6000, 10), minutes=(30, 20)),
@@ -246,6 +250,26 @@ def align_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, s
             "gmm": f"{root}/gmm/{train}/{system}"}
 
 
+def chain_split(config: dict[str, Any], train: str) -> str:
+    """The split whose alignments make the chain tree of ``train``: its speed-perturbed copies when a network on the
+    tree trains on them (they hold the split's own utterances too), else ``train``."""
+    perturbed = any(model_alignments(config, n) == CHAIN and model_train(config, n)["speed_perturb"]
+                    for n in trained_networks(config))
+    return perturbed_split(train) if perturbed else train
+
+
+def chain_inputs(config: dict[str, Any], train: str) -> dict[str, str]:
+    """Inputs of the chain tree of ``train`` (``nnet.chain``): its source GMM, that GMM's alignments of
+    :func:`chain_split` (the align stage's for the copies) and the features it reads them with."""
+    root = results_dir(config)
+    source = config["nnet"]["chain"]["source"]
+    inputs = align_inputs(config, train, source)
+    inputs["source"] = inputs.pop("gmm")
+    perturbed = chain_split(config, train) != train
+    inputs["alignments"] = f"{root}/align/{train}/{source}" if perturbed else inputs["source"]
+    return inputs
+
+
 def gmm_system_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, str]:
     """What GMM ``system`` of ``train`` decodes with: its model and graph, and the MFCCs, or for
     ``<gmm>_fmllr`` the fold's speaker-adapted features (rule fmllr)."""
@@ -325,8 +349,8 @@ def nnet_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, st
     ali = model_alignments(config, system)
     if model["objective"] == "hybrid":
         inputs["gmm"] = f"{root}/gmm/{train}/{ali}"
-        if trained and model_train(config, system)["speed_perturb"]:
-            inputs["alignments"] = f"{root}/align/{train}/{ali}"
+        if trained and model_train(config, system)["speed_perturb"]:  # the chain tree converts the copies' too
+            inputs["alignments"] = inputs["gmm"] if ali == CHAIN else f"{root}/align/{train}/{ali}"
         inputs["graph"] = f"{root}/graph/{train}/{ali}"
     elif model["units"] == "phone":  # decoded through TLG
         inputs["graph"] = f"{root}/graph/{train}/tlg"
@@ -342,7 +366,7 @@ def features_dir(config: dict[str, Any], train: str, system: str) -> str:
     fold's adapted features, ``fmllr/<train>/<its alignments' GMM>`` (rule fmllr)."""
     kind = model_features(config, system)
     if kind == "fmllr":
-        return f"{results_dir(config)}/fmllr/{train}/{model_alignments(config, system)}"
+        return f"{results_dir(config)}/fmllr/{train}/{feature_gmm(config, system)}"
     return f"{results_dir(config)}/features/{kind}"
 
 
@@ -357,8 +381,8 @@ def fmllr_inputs(config: dict[str, Any], train: str, system: str) -> dict[str, s
     if system in SAT_SOURCES:  # its transforms start from those of the system it was trained on
         inputs["init"] = f"{root}/fmllr/{train}/{SAT_SOURCES[system]}"
     perturbed = [n for n in trained_networks(config) if model_train(config, n)["speed_perturb"]]
-    reads = any(model_features(config, n) == "fmllr" and model_alignments(config, n) == system for n in perturbed)
-    feeds = any(SAT_SOURCES.get(model_alignments(config, n)) == system for n in perturbed)
+    reads = any(model_features(config, n) == "fmllr" and feature_gmm(config, n) == system for n in perturbed)
+    feeds = any(SAT_SOURCES.get(feature_gmm(config, n)) == system for n in perturbed)
     if reads or feeds:
         inputs["alignments"] = f"{root}/align/{train}/{system}"
     return inputs

@@ -414,6 +414,38 @@ def test_sat_trains_on_the_lda_adapted_features_and_networks_can_use_it(tmp_path
         assert stage_fingerprint(config, stage, system="sat") != stage_fingerprint(other, stage, system="sat")
 
 
+def test_networks_on_the_chain_tree_read_its_targets_graph_and_its_source_s_features(tmp_path) -> None:
+    """The chain tree (rule chain, gmm/<train>/chain) is built from its source GMM's alignments of the speed-
+    perturbed copies when a network on it trains on them, read with that GMM's features; a network on it takes
+    its targets (the copies' too) and HCLG from that folder, the source's fMLLR features, and no priors."""
+    from asrflow.config import settings
+    from asrflow.workflow import chain_inputs, chain_split, fmllr_inputs, nnet_inputs, nnet_tune_inputs, results_dir
+
+    chain = {"type": "cnn", "channels": [], "subsampling": 3, "alignments": "chain", "features": "fmllr"}
+    models = {"tdnn_chain": chain}
+    config = make_config(tmp_path, nnet={"models": models, "chain": {"source": "sat"}},
+                         features={"kinds": ["mfcc", "fbank"]}, evaluation={"systems": ["tdnn_chain"]})
+    root = results_dir(config)
+    assert chain_split(config, "train") == "train"
+    assert chain_inputs(config, "train") == {
+        "data": f"{root}/data", "features": f"{root}/fmllr/train/lda", "lang": f"{root}/lang/train",
+        "source": f"{root}/gmm/train/sat", "alignments": f"{root}/gmm/train/sat"}
+    inputs = nnet_inputs(config, "train", "tdnn_chain")
+    assert (inputs["gmm"], inputs["graph"], inputs["features"]) == (
+        f"{root}/gmm/train/chain", f"{root}/graph/train/chain", f"{root}/fmllr/train/sat")
+    assert nnet_tune_inputs(config, "train", "tdnn_chain")["heldout_graph"] == f"{root}/graph/train_heldout/chain"
+    assert settings.network(config, "tdnn_chain").priors == "none"
+    models["tdnn_chain"] = {**chain, "train": {"speed_perturb": True}}
+    sp = make_config(tmp_path, nnet={"models": models, "chain": {"source": "sat"}},
+                     audio={"sample_rate": 8000, "speed_perturb": [0.9, 1.1]},
+                     features={"kinds": ["mfcc", "fbank"]}, evaluation={"systems": ["tdnn_chain"]})
+    assert chain_split(sp, "train") == "train_sp"
+    assert chain_inputs(sp, "train")["alignments"] == f"{root}/align/train/sat"
+    assert nnet_inputs(sp, "train", "tdnn_chain")["alignments"] == f"{root}/gmm/train/chain"
+    assert fmllr_inputs(sp, "train", "sat")["alignments"] == f"{root}/align/train/sat"  # the network reads them
+    assert fmllr_inputs(sp, "train", "lda")["alignments"] == f"{root}/align/train/lda"  # sat aligns the copies
+
+
 def test_a_test_set_can_be_paired_with_any_training_split(tmp_path) -> None:
     """evaluation.train_of pairs a test split with a training split its name does not give: its decodes read
     that split's models, its lang reports the test set's OOV rate, and its score that lang."""

@@ -93,6 +93,20 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
                               "e": {"type": "ensemble", "members": ["a", "b"]}}},
           "evaluation": {"systems": ["e"]}},
          "config key 'nnet.models.e.members': the members train on the alignments of different GMMs (a: sat, b: tri)"),
+        ({"experiment": "x", "corpus": {"name": "yesno"},
+          "nnet": {"models": {"a": {"type": "cnn", "channels": [], "subsampling": 3}}},
+          "evaluation": {"systems": ["a"]}},
+         "config key 'nnet.models.a.subsampling': a hybrid on the tri GMM's tree outputs every frame (its targets are "
+         "the GMM's frames); subsampling 3 needs alignments: chain"),
+        ({"experiment": "x", "corpus": {"name": "yesno"},
+          "nnet": {"models": {"a": {"type": "cnn", "channels": [], "alignments": "chain"}}},
+          "evaluation": {"systems": ["a"]}},
+         "config key 'nnet.models.a': a network on the chain tree outputs one frame in nnet.chain.frame_subsampling "
+         "(3): a cnn (TDNN) with subsampling 3, not a cnn with subsampling 1"),
+        ({"experiment": "x", "corpus": {"name": "yesno"},
+          "nnet": {"models": {"a": {"type": "cnn", "channels": [], "alignments": "chain", "subsampling": 3,
+                                    "decode": {"frame_skip": 2}}}}, "evaluation": {"systems": ["a"]}},
+         "config key 'nnet.models.a.decode.frame_skip': a network on the chain tree already outputs one frame in 3"),
     ],
 )
 def test_errors_name_the_key(raw: dict, message: str) -> None:

@@ -40,6 +40,11 @@ def test_settings_are_built_from_the_resolved_config(tmp_path) -> None:
     assert s.training(config, "d2").seed == config["seed"] == 0  # the experiment's seed
     assert s.network(config, "e").training is None and s.network(config, "e").members == ("d", "d2")
     assert s.decoding(config).tune.enabled and s.decoding(config).shard_utts == 100
+    own = make_config(tmp_path, nnet={"decode": {"tune": {"insertion_penalty": [0.0, 2.0]}}, "models": {
+        "c": {"type": "dnn", "decode": {"acoustic_scale": 1.0, "tune": {"acoustic_scale": [0.8, 1.2]}}}}})
+    tuned = s.decoding(own, "c")  # a network's own scale and lists, the rest from nnet.decode.tune key by key
+    assert tuned.acoustic_scale == 1.0 and tuned.tune.acoustic_scale == [0.8, 1.2]
+    assert tuned.tune.insertion_penalty == [0.0, 2.0] and s.decoding(own).tune.acoustic_scale[0] == 0.03
     with pytest.raises(dataclasses.FrozenInstanceError):
         net.training.lr = 1.0  # type: ignore[misc]
     with pytest.raises(ConfigError, match="'nope' is not a network"):

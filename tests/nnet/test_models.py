@@ -16,6 +16,7 @@ CONFIGS = [
     {"type": "cnn", "channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2]},
     {"type": "cnn", "channels": [8], "tdnn_dim": 32, "tdnn_dilations": [1], "subsampling": 3},
     {"type": "cnn", "channels": [], "tdnn_dim": 32, "tdnn_dilations": [1, 3]},  # a plain TDNN
+    {"type": "cnn", "channels": [], "tdnn_dim": 32, "tdnn_dilations": [1, 3, 3], "subsampling": 3},  # chain TDNN
     {"type": "cnn", "channels": [8, 8], "tdnn_dim": 32, "tdnn_dilations": [1, 2], "norm": "layer"},
     {"type": "conformer", "dim": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "kernel": 5, "channels": [8]},
     {"type": "conformer", "dim": 32, "layers": 1, "heads": 2, "ffn_dim": 48, "kernel": 3, "channels": [8, 8],
@@ -42,7 +43,7 @@ def test_shapes_lengths_and_padding_independence(config: dict) -> None:
     sub = config.get("subsampling", 1)
     assert logits.shape == (2, (30 + sub - 1) // sub, 11)
     assert out_lengths.tolist() == [(30 + sub - 1) // sub, (18 + sub - 1) // sub]
-    if config["type"] in ("dnn", "lstm", "conformer") or sub == 1:
+    if config["type"] in ("dnn", "lstm", "conformer") or sub == 1 or not config["channels"]:
         # the second utterance alone gives the same outputs as inside the padded batch
         alone, _ = model(x[1:, :18], lengths[1:])
         torch.testing.assert_close(logits[1, :out_lengths[1]], alone[0], atol=1e-5, rtol=1e-4)
@@ -96,7 +97,7 @@ def test_a_preset_is_one_key_and_its_sizes_can_be_overridden() -> None:
         resolve_config({**base, "nnet": {"models": {"big": {"preset": "huge"}}}})
     with pytest.raises(ConfigError, match="preset blstm_3x512 is a lstm model, but type is dnn"):
         resolve_config({**base, "nnet": {"models": {"big": {"preset": "blstm_3x512", "type": "dnn"}}}})
-    with pytest.raises(ConfigError, match="subsampling must be 1 for a hybrid"):
+    with pytest.raises(ConfigError, match="subsampling 4 needs alignments: chain"):
         resolve_config({**base, "nnet": {"models": {"c": {"preset": "conformer_20m"}}},
                         "evaluation": {"systems": ["c"]}})
 
@@ -133,14 +134,27 @@ def test_resolving_a_config_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
-def test_a_plain_tdnn_cannot_subsample() -> None:
-    """Without convolutions nothing strides the frames: asking a plain TDNN to subsample is an error."""
-    from asrflow.config.sizes import complete_model_config
-
-    with pytest.raises(ValueError, match="channels is"):
-        complete_model_config({"type": "cnn", "objective": "ctc", "channels": [], "subsampling": 3})
-    with pytest.raises(ValueError, match="channels is empty"):
-        build_model({"type": "cnn", "channels": [], "tdnn_dim": 8, "tdnn_dilations": [1], "subsampling": 2}, 40, 10)
+def test_a_plain_tdnn_subsamples_by_running_its_upper_layers_every_k_th_frame() -> None:
+    """Without convolutions to stride, a plain TDNN subsamples as Kaldi's chain TDNNs do: the layers from the
+    lowest whose dilations are multiples of k run on frames 0, k, 2k, … only, and give there exactly what the
+    same weights give at the full frame rate, away from the utterance's end."""
+    torch.manual_seed(0)
+    sizes = {"type": "cnn", "channels": [], "tdnn_dim": 16, "tdnn_dilations": [1, 1, 3, 3], "dropout": 0.0}
+    full = build_model(sizes, 12, 7).eval()
+    sub = build_model({**sizes, "subsampling": 3}, 12, 7).eval()
+    sub.load_state_dict(full.state_dict())
+    x = torch.randn(2, 40, 12)
+    x[1, 29:] = x[1, 28]
+    lengths = torch.tensor([40, 29])
+    every, _ = full(x, lengths)
+    some, out_lengths = sub(x, lengths)
+    assert some.shape == (2, 14, 7) and out_lengths.tolist() == [14, 10]
+    # a frame sees 8 frames either side: frames up to 31 of the first utterance, up to 20 of the second
+    torch.testing.assert_close(some[0, :11], every[0, 0:31:3], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(some[1, :7], every[1, 0:19:3], atol=1e-5, rtol=1e-4)
+    assert sub.train()(x, lengths)[0].shape == (2, 14, 7)  # no random phase in training: targets sit at 0, k, …
+    with pytest.raises(ValueError, match="multi_frame must be 1"):
+        build_model({**sizes, "subsampling": 3, "multi_frame": 3}, 12, 7)
 
 
 def test_unknown_type_is_a_clear_error() -> None:

@@ -1,6 +1,7 @@
 """The speechocean762 slice (12 speakers, continuous read speech at 16 kHz) through the whole DAG: import with
 root-relative wav.scp paths, the corpus's own lexicon, the GMM chain (mono, tri, LDA+MLLT, SAT), one small
-network on the SAT alignments, tuned on held-out speakers, scoring by speaker group. The chain's last GMM and the
+network on the SAT alignments and a chain TDNN (LF-MMI at one frame in three on the chain tree built from them),
+tuned on held-out speakers, scoring by speaker group. The chain's last GMM and the
 network are decoded and scored; the earlier GMMs go through the same decode rules in the yesno workflow test."""
 
 from __future__ import annotations
@@ -35,15 +36,20 @@ nnet:
   valid_fraction: 0.1
   hold_out: speakers
   alignments: sat
+  chain: {{source: sat, leaves: 200}}
   priors: posteriors
   prior_frames: 20000
   train: {{epochs: 4, max_frames: 4000, patience: 4}}
   models:
     dnn: {{type: dnn, hidden: 96, layers: 2, context: 5}}
+    tdnn_chain: {{type: cnn, channels: [], tdnn_dim: 96, tdnn_dilations: [1, 1, 3, 3], subsampling: 3,
+                 alignments: chain, features: fmllr, train: {{mmi: {{weight: 10.0, acoustic_scale: 1.0,
+                                                                  denominator: phone_lm}}}},
+                 decode: {{acoustic_scale: 1.0, tune: {{acoustic_scale: [1.0, 1.5], insertion_penalty: [0.0]}}}}}}
   decode: {{graph_beam: 8.0, max_active: 1000, shard_utts: 20,
            tune: {{acoustic_scale: [0.1, 0.2], insertion_penalty: [0.0, 1.0]}}}}
 evaluation:
-  systems: [sat_fmllr, dnn]
+  systems: [sat_fmllr, dnn, tdnn_chain]
   test_sets: [test]
   groups: {{gender: {{}}, age: {{edges: [16], labels: [child, adult]}}}}
 """
@@ -70,7 +76,7 @@ def test_the_slice_is_imported_with_its_speakers(mini_run: Path) -> None:
 
 def test_every_system_is_scored_by_speaker_group(mini_run: Path) -> None:
     res = mini_run / "results" / "speechocean762_mini"
-    for system in ("sat_fmllr", "dnn"):
+    for system in ("sat_fmllr", "dnn", "tdnn_chain"):
         score = json.loads((res / "score" / system / "test.json").read_text())
         assert score["n_utts"] == 120 and 0 < score["wer"] < 1.2, (system, score["wer"])
         groups = score["groups"]
@@ -92,6 +98,20 @@ def test_the_gmm_chain_feeds_each_system_from_the_last(mini_run: Path) -> None:
     assert tune["search"] == "grid" and tune["utterances"] >= 12  # whole held-out speakers (20 a speaker)
     gmm_tune = json.loads((res / "tune" / "train" / "sat_fmllr" / "tune.json").read_text())
     assert gmm_tune["search"] == "coordinate" and len(gmm_tune["grid"]) <= 4
+
+
+def test_the_chain_tree_converts_every_sat_alignment_and_its_network_decodes_a_third_of_the_frames(
+        mini_run: Path) -> None:
+    res = mini_run / "results" / "speechocean762_mini"
+    chain = json.loads((res / "gmm" / "train" / "chain" / "manifest.json").read_text())
+    sat = json.loads((res / "gmm" / "train" / "sat" / "manifest.json").read_text())
+    assert chain["source"] == "sat" and chain["frame_subsampling"] == 3 and chain["split"] == "train"
+    assert chain["converted"] == sat["aligned"] and chain["failed"] == 0 and 20 < chain["pdfs"] <= 200
+    net = json.loads((res / "nnet" / "train" / "tdnn_chain" / "manifest.json").read_text())
+    assert net["alignments"] == "chain" and net["rejected"] == 0 and net["classes"] == chain["pdfs"]
+    assert "priors" not in net  # decoded without priors, whatever nnet.priors says
+    decoded = json.loads((res / "decode" / "tdnn_chain" / "test" / "manifest.json").read_text())
+    assert decoded["tuned"] and decoded["acoustic_scale"] in (1.0, 1.5)
 
 
 def test_the_hybrid_divides_by_its_own_average_posteriors(mini_run: Path) -> None:

@@ -1,4 +1,5 @@
-"""``asrflow gmm|align|fmllr``: GMM-HMM training, forced alignment and speaker adaptation on Dask."""
+"""``asrflow gmm|align|chain|fmllr``: GMM-HMM training, forced alignment, the chain tree and speaker adaptation on
+Dask."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ def cmd_align(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chain(args: argparse.Namespace) -> int:
+    """Build the chain tree and convert a GMM's alignments to it on Dask, logged as a ``chain`` stage run."""
+    from asrflow.gmm.stage import build_chain
+    from asrflow.tracking import stage_run
+
+    config = _load(args)
+    with stage_run(config, f"chain-{args.split}", resolved_config=args.config[-1]) as run:
+        with stage_cluster(config, args.workers, run) as client:
+            manifest = build_chain(config, args.source, args.alignments, args.split, args.data, args.features,
+                                   args.lang, args.out, client, log=_log)
+        run.set_tags({"asrflow.system": "chain", "asrflow.train_set": args.split})
+        run.log_metrics({k: manifest[k] for k in ("pdfs", "converted", "failed", "seconds")})
+        for name in ("manifest.json", "report.tsv"):
+            run.log_artifact(Path(args.out) / name)
+    return 0
+
+
 def cmd_fmllr(args: argparse.Namespace) -> int:
     """Speaker-adapted (fMLLR) features of a training split and its test splits, on Dask."""
     from asrflow.config.paths import Paths
@@ -67,7 +85,7 @@ def cmd_fmllr(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add ``gmm``, ``align`` and ``fmllr`` to the ``sub`` subparsers."""
+    """Add ``gmm``, ``align``, ``chain`` and ``fmllr`` to the ``sub`` subparsers."""
     p = with_config(sub.add_parser("gmm", help="train a GMM-HMM system (mono, tri, lda or sat) on Dask"))
     p.add_argument("--system", required=True, choices=list(GMM_SYSTEMS))
     p.add_argument("--train", required=True)
@@ -92,6 +110,19 @@ def register(sub: Any) -> None:
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--workers", type=int, default=None)
     p.set_defaults(func=cmd_align)
+
+    p = with_config(sub.add_parser("chain", help="build the chain tree (nnet.chain) from a GMM's alignments and "
+                                                 "convert them to it, on Dask"))
+    p.add_argument("--source", required=True, help="the folder of the GMM system nnet.chain.source")
+    p.add_argument("--alignments", required=True, help="its alignments of --split: that folder, or the align "
+                                                       "stage's folder of the speed-perturbed copies")
+    p.add_argument("--split", required=True, help="the split aligned (train, or train_sp)")
+    for name in ("data", "lang", "out"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--features", required=True, help="the features the source GMM reads (sat: the fmllr stage's "
+                                                     "folder of the lda system)")
+    p.add_argument("--workers", type=int, default=None)
+    p.set_defaults(func=cmd_chain)
 
     p = with_config(sub.add_parser("fmllr", help="speaker-adapted (fMLLR) features of a training split and its "
                                                  "test splits with a trained GMM system, on Dask"))

@@ -1,11 +1,13 @@
 """Experiment configuration: load YAML, merge overlays, validate against the schema, fill defaults."""
 
 from asrflow.config.schema import (
+    CHAIN,
     FMLLR_SYSTEMS,
     GMM_SOURCES,
     GMM_SYSTEMS,
     SAT_SOURCES,
     ConfigError,
+    feature_gmm,
     load_config,
     model_alignments,
     model_cmvn,
@@ -18,11 +20,13 @@ from asrflow.config.schema import (
 )
 
 __all__ = [
+    "CHAIN",
     "FMLLR_SYSTEMS",
     "GMM_SOURCES",
     "GMM_SYSTEMS",
     "SAT_SOURCES",
     "ConfigError",
+    "feature_gmm",
     "load_config",
     "model_alignments",
     "model_cmvn",

@@ -196,6 +196,8 @@ FMLLR_SYSTEMS = tuple(f"{g}_fmllr" for g in GMM_SYSTEMS)
 #: Systems trained on another system's fMLLR-adapted features, and that system (Kaldi's train_sat.sh);
 #: they only make sense decoded with adapted features, as <system>_fmllr
 SAT_SOURCES = {"sat": "lda"}
+#: The chain tree (``nnet.chain``): what ``alignments`` names for hybrids at a reduced frame rate
+CHAIN = "chain"
 
 
 def _check_systems(config: dict[str, Any]) -> None:
@@ -225,6 +227,7 @@ def _check_systems(config: dict[str, Any]) -> None:
         _check_init(config, name)
         _check_teacher(config, name)
         _check_frames(config, name)
+        _check_chain(config, name)
     study = config["nnet"]["parallel_study"]
     if study["enabled"] and (study["system"] not in models or models[study["system"]].get("objective") == "ctc"
                              or models[study["system"]]["type"] == "ensemble"):
@@ -284,6 +287,13 @@ def model_alignments(config: Mapping[str, Any], system: str) -> str:
     """The GMM system whose alignments, tree and graph hybrid network ``system`` uses (and whose
     fMLLR features it reads): its own ``alignments``, else ``nnet.alignments``."""
     return _inherited(config, system, "alignments")
+
+
+def feature_gmm(config: Mapping[str, Any], system: str) -> str:
+    """The GMM system whose fMLLR features network ``system`` reads with ``features: fmllr``: its alignments'
+    GMM, or the chain tree's source."""
+    gmm = model_alignments(config, system)
+    return config["nnet"]["chain"]["source"] if gmm == CHAIN else gmm
 
 
 def _inherited(config: Mapping[str, Any], system: str, key: str) -> Any:
@@ -371,6 +381,29 @@ def _check_frames(config: Mapping[str, Any], name: str) -> None:
     if model["type"] != "ensemble" and model_train(config, name)["epochs"] == 0 and "init" not in model:
         raise ConfigError(f"config key 'nnet.models.{name}.train.epochs': 0 epochs needs init (the trained network "
                           f"it stands for)")
+
+
+def _check_chain(config: Mapping[str, Any], name: str) -> None:
+    """A hybrid outputs one frame in ``subsampling`` only on the chain tree, and a network on the chain tree is a
+    hybrid whose ``subsampling`` is the tree's ``frame_subsampling``, computing every frame it outputs."""
+    model = config["nnet"]["models"][name]
+    if model["type"] == "ensemble" or model.get("objective", "hybrid") != "hybrid":
+        return
+    factor, subsampling = config["nnet"]["chain"]["frame_subsampling"], network_config(model).get("subsampling", 1)
+    key = f"config key 'nnet.models.{name}"
+    if model_alignments(config, name) != CHAIN:
+        if subsampling != 1:
+            raise ConfigError(f"{key}.subsampling': a hybrid on the {model_alignments(config, name)} GMM's tree "
+                              f"outputs every frame (its targets are the GMM's frames); subsampling {subsampling} "
+                              f"needs alignments: chain")
+        return
+    if model["type"] != "cnn" or subsampling != factor:
+        raise ConfigError(f"{key}': a network on the chain tree outputs one frame in nnet.chain.frame_subsampling "
+                          f"({factor}): a cnn (TDNN) with subsampling {factor}, not a {model['type']} with "
+                          f"subsampling {subsampling}")
+    if {**config["nnet"]["decode"], **model.get("decode", {})}["frame_skip"] > 1:
+        raise ConfigError(f"{key}.decode.frame_skip': a network on the chain tree already outputs one frame in "
+                          f"{factor}; set frame_skip 1")
 
 
 def _check_teacher(config: Mapping[str, Any], name: str) -> None:

@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 from asrflow.config.schema import (
+    CHAIN,
     ConfigError,
     _fill_defaults,
     _load_schema,
@@ -302,7 +303,7 @@ class Network:
     features: str  # the feature kind it reads (its own, else nnet.features)
     alignments: str  # the GMM system of its targets, tree and graph (hybrid)
     cmvn: str  # speaker | utterance
-    priors: str  # hybrid: alignments | posteriors (nnet.priors), over prior_frames frames
+    priors: str  # hybrid: alignments | posteriors (nnet.priors), over prior_frames frames; none on the chain tree
     prior_frames: int
     init: str | None  # the network whose final weights it starts from
     low_rank: dict[str, float] | None  # energy or keep: init's layers factorised by truncated SVD
@@ -331,8 +332,11 @@ def parallel(config: dict[str, Any], system: str) -> Parallel:
 
 
 def decoding(config: dict[str, Any], system: str | None = None) -> Decoding:
-    """The networks' decoding settings (``nnet.decode``), with network ``system``'s own ``decode`` overrides."""
-    own = config["nnet"]["models"][system].get("decode", {}) if system is not None else {}
+    """The networks' decoding settings (``nnet.decode``), with network ``system``'s own ``decode`` overrides
+    (its ``tune`` lists over ``nnet.decode.tune``'s, key by key)."""
+    own = dict(config["nnet"]["models"][system].get("decode", {})) if system is not None else {}
+    if "tune" in own:  # its lists over nnet.decode.tune's, key by key
+        own["tune"] = {**config["nnet"]["decode"]["tune"], **own["tune"]}
     return Decoding.from_dict({**config["nnet"]["decode"], **own})
 
 
@@ -345,7 +349,8 @@ def network(config: dict[str, Any], system: str) -> Network:
     return Network(name=system, type=model["type"], objective=model["objective"], units=model["units"],
                    vocab_size=model["vocab_size"], features=model_features(config, system),
                    alignments=model_alignments(config, system), cmvn=model_cmvn(config, system),
-                   priors=config["nnet"]["priors"], prior_frames=config["nnet"]["prior_frames"],
+                   priors="none" if model_alignments(config, system) == CHAIN else config["nnet"]["priors"],
+                   prior_frames=config["nnet"]["prior_frames"],
                    init=model.get("init"), low_rank=model.get("low_rank"), prune=model.get("prune"),
                    teacher=model.get("teacher"),
                    sizes=network_config(model), members=tuple(model.get("members", ())),

@@ -61,10 +61,6 @@ def complete_model_config(config: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{', '.join(unknown)} not an option of a {kind} model; its options: "
                          f"{', '.join(SIZES[kind])}")
-    if config.get("objective", "hybrid") == "hybrid" and config.get("subsampling", 1) != 1:
-        raise ValueError("subsampling must be 1 for a hybrid model (its frame targets are not subsampled)")
-    if kind == "cnn" and not config.get("channels", SIZES["cnn"]["channels"]) and config.get("subsampling", 1) != 1:
-        raise ValueError("subsampling needs a convolution to stride: channels is [] (a plain TDNN)")
     return _with_default_sizes(config, kind)
 
 

@@ -37,7 +37,8 @@ def make_graph(lang_dir: str | Path, model_dir: str | Path | None, out_dir: str 
         graph = make_tlg(lexicon, grammar, ints("nonsilence.int"), ints("disambig.int"), ints("silence.int"))
     else:
         name, model = "HCLG", GmmModel.load(model_dir)
-        graph = make_hclg(lexicon, grammar, model.tree, model.tm, ints("disambig.int"))
+        graph = make_hclg(lexicon, grammar, model.tree, model.tm, ints("disambig.int"),
+                          self_loop_scale=model.self_loop_scale)
     graph.write(str(out / f"{name}.fst"))
     (out / "words.txt").write_text((lang_dir / "words.txt").read_text())
     info = {"states": graph.num_states, "seconds": round(time.perf_counter() - start, 3)}

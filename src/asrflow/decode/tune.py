@@ -185,7 +185,8 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
     from asrflow.nnet import NnetError
 
     out, net_dir, gmm_dir = paths.out, paths.model, paths.gmm
-    tune = config["nnet"]["decode"]["tune"]
+    own = config["nnet"]["models"][system].get("decode", {}).get("tune", {})
+    tune = {**config["nnet"]["decode"]["tune"], **own}  # the network's own lists first
     kind = decoder_kind(config["nnet"]["models"][system])
     if kind == "hclg" and gmm_dir is None:
         raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")

@@ -50,6 +50,13 @@ class GmmModel:
         """pdf id of each transition id (index 0 unused)."""
         return np.asarray(self.tm.transition_id_to_pdf_array(), dtype=np.int64)
 
+    @property
+    def self_loop_scale(self) -> float:
+        """The scale of its self-loop probabilities in a decoding graph: 1.0 for a chain topology (a phone may
+        last one frame; its network is decoded at acoustic scale about 1), else Kaldi's usual 0.1 (the
+        acoustic scale the GMMs and hybrids decode near), as ``mkgraph.sh --self-loop-scale`` sets them."""
+        return 1.0 if min(self.topo.min_length(p) for p in self.topo.phones) == 1 else 0.1
+
     @functools.cached_property
     def transition_states(self) -> np.ndarray:
         """``(phone, hmm_state, forward pdf, self-loop pdf)`` of each transition state (row ``s − 1`` for state

@@ -32,7 +32,7 @@ from asrflow.config.paths import Paths
 from asrflow.data.datadir import read_data_dir, read_table
 from asrflow.data.holdout import held_out_utterances
 from asrflow.features import Projection
-from asrflow.gmm.alignments import StoredAlignments, read_alignments, write_alignments
+from asrflow.gmm.alignments import StoredAlignments, read_alignments, shard_alignments, write_alignments
 from asrflow.gmm.estep import AlignOptions
 from asrflow.gmm.lda import gmm_features
 from asrflow.gmm.model import GmmModel
@@ -136,6 +136,59 @@ def align_split(config: dict[str, Any], system: str, model_dir: str | Path, spli
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"{system}: aligned {manifest['aligned']} of {manifest['utterances']} utterances of {split}, "
         f"{manifest['failed']} failed, {manifest['retried']} retried, {manifest['seconds']:.1f} s")
+    return manifest
+
+
+def build_chain(config: dict[str, Any], source_dir: str | Path, alignments_dir: str | Path, split: str,
+                data_dir: str | Path, feats_dir: str | Path, lang_dir: str | Path, out_dir: str | Path, client: Any,
+                log=print) -> dict[str, Any]:
+    """The chain models' tree and alignments (``nnet.chain``; :mod:`asrflow.gmm.chain`) into ``out_dir``.
+
+    ``source_dir``: the GMM system ``nnet.chain.source``; ``alignments_dir``: its alignments of ``split`` (its
+    own folder, or the align stage's folder of the speed-perturbed copies), over the features it reads from
+    ``feats_dir``. Writes the model (``final.mdl.pkl``, ``tree``: the chain topology, one Gaussian per leaf),
+    ``ali/`` (every alignment converted, at one frame in ``frame_subsampling``), ``report.tsv`` (those that
+    could not be) and ``manifest.json``, as the gmm stage does.
+    """
+    from asrflow.cluster import broadcast, run_reduced
+    from asrflow.gmm.chain import ChainAlignments
+    from asrflow.gmm.model import topology_from_text
+    from asrflow.gmm.train import _merge_tree_stats, _tree_stats_args, tree_from_stats
+    from asrflow.lang.symbols import chain_topology_text
+
+    start = time.perf_counter()
+    cfg = config["nnet"]["chain"]
+    factor = cfg["frame_subsampling"]
+    out, lang_dir = Path(out_dir), Path(lang_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = GmmModel.load(source_dir)
+    alignments = read_alignments(Path(alignments_dir) / "ali")
+    shards = split_shards(data_dir, feats_dir, lang_dir, split, config["gmm"]["shard_utts"], only=set(alignments),
+                          **gmm_features(source_dir, adapted=cfg["source"] in SAT_SOURCES))
+    per_shard = [shard_alignments(alignments, s.utts) for s in shards]
+    stats = run_reduced(client, _tree_stats_args, list(zip(shards, per_shard)), broadcast(client, source.to_bytes()),
+                        factor, combine=_merge_tree_stats, units=[len(s.utts) for s in shards], desc="tree-stats",
+                        retries=config["dask"]["retries"])
+    if stats is None:
+        raise ValueError(f"{alignments_dir}: no alignment of {split} can be kept at one frame in {factor}")
+    phones = [int(x) for name in ("silence.int", "nonsilence.int") for x in (lang_dir / name).read_text().split()]
+    model, info = tree_from_stats(stats, lang_dir, topology_from_text(chain_topology_text(phones)), cfg, log, "chain")
+    converter = ChainAlignments(source, model, factor)
+    converted, failed = {}, {}
+    for utt, alignment in alignments.items():
+        if (tids := converter.convert(alignment)) is None:
+            failed[utt] = f"a phone of the {cfg['source']} alignment is shorter than {factor} frames"
+        else:
+            converted[utt] = tids
+    model.save(out)
+    save_alignments(out / "ali", model, converted)
+    write_report(out / "report.tsv", failed)
+    manifest = {"system": "chain", "source": cfg["source"], "split": split, "frame_subsampling": factor,
+                "pdfs": model.am.num_pdfs, **info, "converted": len(converted), "failed": len(failed),
+                "seconds": round(time.perf_counter() - start, 3)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"chain: {manifest['pdfs']} pdfs at one frame in {factor}, {len(converted)} alignments of {split} "
+        f"converted, {len(failed)} not, {manifest['seconds']:.1f} s")
     return manifest
 
 

@@ -97,11 +97,14 @@ def _target_problem(targets: dict[str, np.ndarray] | None, utt: str, frames: int
     if utt not in targets:
         return "no alignment" if frame_targets else "no transcript units"
     n = len(targets[utt])
-    if frame_targets:
-        return "" if n == frames else f"alignment has {n} frames, features {frames}"
+    outputs = (frames + subsampling - 1) // subsampling
+    if frame_targets:  # one target per output frame (a chain tree's: one per subsampling frames)
+        if n == outputs:
+            return ""
+        rate = f" ({outputs} output frames)" if subsampling > 1 else ""
+        return f"alignment has {n} frames, features {frames}{rate}"
     if n == 0:
         return "empty transcript"
-    outputs = (frames + subsampling - 1) // subsampling
     return "" if n <= outputs else f"{n} units but only {outputs} output frames"
 
 

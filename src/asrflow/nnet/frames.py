@@ -99,6 +99,8 @@ def frame_skipping(model: nn.Module, every: int) -> nn.Module:
         if not hasattr(net, "skip_frames"):
             raise ValueError(f"frame skipping needs DNN or CNN networks; a {type(net).__name__} computes every frame "
                              f"from the whole utterance")
+        if getattr(net, "decimated", False):
+            raise ValueError("this network outputs one frame in its subsampling already; decode it without frame_skip")
         if net.heads != 1:
             raise ValueError(f"this network has multi-frame outputs ({net.heads} heads): it already runs every "
                              f"{net.heads}th frame; decode it without frame_skip")

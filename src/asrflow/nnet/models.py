@@ -140,9 +140,10 @@ class CNN(nn.Module):
                  tdnn_dilations: tuple[int, ...], subsampling: int, norm: str, multi_frame: int,
                  dropout: float) -> None:
         super().__init__()
-        if not channels and subsampling != 1:
-            raise ValueError("subsampling needs a convolution to stride: channels is empty (a plain TDNN)")
-        self.strides = (subsampling,) + (1,) * (len(channels) - 1)
+        if not channels and subsampling != 1 and multi_frame != 1:
+            raise ValueError("a plain TDNN that subsamples outputs one frame per anchor: multi_frame must be 1")
+        self.strides = (subsampling,) + (1,) * (len(channels) - 1) if channels else ()
+        self.decimated = bool(not channels and subsampling != 1)  # outputs at its anchors only
         self.dilations = tdnn_dilations
         self.conv, size = conv_front_end(input_dim, channels, self.strides, norm)
         self.tdnn = nn.ModuleList()
@@ -153,7 +154,7 @@ class CNN(nn.Module):
             size = tdnn_dim
         self.output = nn.Linear(size, output_dim * multi_frame)
         self.heads = multi_frame
-        self.skip_frames(multi_frame)
+        self.skip_frames(subsampling if self.decimated else multi_frame)
 
     def skip_frames(self, every: int) -> None:
         """Run the layers from :func:`~asrflow.nnet.frames.decimation_layer` up every ``every``-th frame (their
@@ -175,14 +176,18 @@ class CNN(nn.Module):
         y, frames = y.transpose(1, 2), y.shape[1]  # (B, C·F, T')
         for block in self.tdnn[: self.split]:
             y = hold_last(block(y), out_lengths, dim=2)
-        y, start = at_anchors(y, self.every, training_phase(self.every, self.training), dim=2)
+        phase = 0 if self.decimated else training_phase(self.every, self.training)  # targets sit at frames 0, k, …
+        y, start = at_anchors(y, self.every, phase, dim=2)
         valid = out_lengths
         if self.every > 1:  # the padding anchors repeat the last valid one, as the utterance alone would
             valid = anchor_lengths(out_lengths, self.every, start)
             y = hold_last(y, valid, dim=2)
         for block in self.tdnn[self.split:]:
             y = hold_last(block(y), valid, dim=2)
-        return full_rate(self.output(y.transpose(1, 2)), self.every, self.heads, start, frames), out_lengths
+        logits = self.output(y.transpose(1, 2))
+        if self.decimated:
+            return logits, valid
+        return full_rate(logits, self.every, self.heads, start, frames), out_lengths
 
 
 NORMS = ("batch", "layer")

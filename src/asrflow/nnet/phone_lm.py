@@ -72,5 +72,5 @@ def phone_lm_graph(lang_dir: str | Path, ali_dir: str | Path, model: Any, order:
         lm = write_grammar([" ".join(s) for s in sequences], phones, order, Path(tmp))  # the lang stage's LM → G
         grammar = kfst.StdVectorFst.read(str(Path(tmp) / "G.fst"))
     lexicon = compile_text_fst(phone_loop_text(phones), phone_ids, {w: i for i, w in enumerate(words)})
-    graph = make_hclg(lexicon, grammar, model.tree, model.tm, disambig)
+    graph = make_hclg(lexicon, grammar, model.tree, model.tm, disambig, self_loop_scale=model.self_loop_scale)
     return graph, lm.perplexity(sequences)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrflow.config import model_cmvn, model_train, settings
+from asrflow.config import CHAIN, model_alignments, model_cmvn, model_train, settings
 from asrflow.config.paths import Paths
 from asrflow.config.settings import Parallel, Training
 from asrflow.config.sizes import network_config
@@ -86,14 +86,15 @@ def checked_parallel(opts: Parallel) -> Parallel:
     return opts
 
 
-def hybrid_targets(gmm_dir: Path, alignments: Path | None = None) -> Targets:
+def hybrid_targets(gmm_dir: Path, alignments: Path | None = None, priors: bool = True) -> Targets:
     """Tied-state (pdf) ids per frame from the GMM's alignments (or ``alignments``, an align stage folder of
-    that GMM), and their log priors."""
+    that GMM), and their log priors; without ``priors`` (the chain tree's networks) zeros."""
     from asrflow.gmm.model import GmmModel
 
     labels = read_alignments((alignments or gmm_dir) / "ali", "pdfs")
     num_pdfs = GmmModel.load(gmm_dir).am.num_pdfs
-    return Targets(labels, num_pdfs, True, {"priors": torch.from_numpy(pdf_priors(labels, num_pdfs))})
+    log_priors = pdf_priors(labels, num_pdfs) if priors else np.zeros(num_pdfs)
+    return Targets(labels, num_pdfs, True, {"priors": torch.from_numpy(log_priors)})
 
 
 def ctc_targets(texts: dict[str, str], kind: str, vocab_size: int, lang_dir: str | Path | None = None) -> Targets:
@@ -143,7 +144,8 @@ def training_data(config: dict[str, Any], system: str, train_split: str, paths: 
         if perturbed and (alignments is None or not alignment_index(Path(alignments) / "ali", "pdfs").is_file()):
             raise NnetError(f"hybrid network {system!r} trains with speed_perturb: --alignments must be the align "
                             f"stage's folder of {source} with ali/pdfs.scp (got {alignments})")
-        targets = hybrid_targets(Path(gmm_dir), Path(alignments) if perturbed else None)
+        targets = hybrid_targets(Path(gmm_dir), Path(alignments) if perturbed else None,
+                                 priors=model_alignments(config, system) != CHAIN)
     else:
         targets = ctc_targets(texts, model["units"], model["vocab_size"], lang_dir)
     valid_utts = held_out_utterances(config, data_dir, train_split)

@@ -15,7 +15,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
-from asrflow.config import SAT_SOURCES
+from asrflow.config import CHAIN, SAT_SOURCES
 from asrflow.data.perturb import SUFFIX as SPEED_PERTURBED
 from asrflow.tracking.query import RunRecord
 
@@ -84,6 +84,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     decoding = {k.removeprefix(prefix + "decode."): v for k, v in params.items() if k.startswith(prefix + "decode.")}
     if decoding:
         objective += ", decoded with " + ", ".join(f"{k} {v}" for k, v in sorted(decoding.items()))
+    if params.get("nnet.effective.alignments") == CHAIN:
+        objective += ", chain tree"
     sat = params.get("nnet.effective.alignments") in SAT_SOURCES
     if params.get("nnet.effective.features") == "fmllr":
         objective += ", SAT-fMLLR features" if sat else ", fMLLR features"
