@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from asrflow.gmm.alignments import write_alignments
-from asrflow.nnet.mmi import MmiObjective, denominator_log_prob, graph_from_arcs, load_denominator_graph, mmi
+from asrflow.nnet.mmi import (
+    MmiObjective,
+    denominator_from_fst,
+    denominator_log_prob,
+    graph_from_arcs,
+    load_denominator_graph,
+    mmi,
+)
 
 from .helpers import synthetic_split
 
@@ -137,6 +144,23 @@ def test_hclg_conversion_maps_transition_ids_and_removes_epsilons(tmp_path: Path
     assert got == pytest.approx(float(np.logaddexp.reduce(paths)), abs=1e-5)
     with pytest.raises(FileNotFoundError, match="HCLG.fst"):
         load_denominator_graph(tmp_path / "missing" / "HCLG.fst", np.zeros(5, dtype=int))
+
+
+def test_states_that_accept_the_same_pdf_sequences_are_merged() -> None:
+    """Two branches reading the same pdfs at the same costs (through different transition ids, as two copies of
+    a context-dependent phone sharing its tied states) become one, as in Kaldi's den.fst: the two identical
+    paths are summed once."""
+    from asrflow.kaldi import kfst
+
+    # tids 1, 2 -> pdf 0; tids 3, 4 -> pdf 1: start → a (tid 1) → b (tid 3) and start → c (tid 2) → d (tid 4)
+    text = "0 1 1 0 0.4\n0 2 2 0 0.4\n1 3 3 0 0.2\n2 4 4 0 0.2\n3 3 3 0 0.1\n4 4 4 0 0.1\n3 0.3\n4 0.3\n"
+    graph = denominator_from_fst(kfst.compile(text), np.array([0, 0, 0, 1, 1]))
+    assert graph.num_states == 3 and graph.num_arcs == 3  # the start, then one state per pdf
+    loglikes = torch.log(torch.tensor([[[0.3, 0.6], [0.2, 0.9], [0.5, 0.4]]], dtype=torch.float64))
+    # one path of 3 frames (the two identical ones merged): pdf 0 then pdf 1 twice
+    expected = float(loglikes[0, 0, 0] + loglikes[0, 1, 1] + loglikes[0, 2, 1]) - (0.4 + 0.2 + 0.1 + 0.3)
+    got = denominator_log_prob(loglikes, torch.tensor([3]), graph).item()
+    assert got == pytest.approx(expected, abs=1e-4)
 
 
 def test_config_allows_mmi_for_whole_utterance_hybrids_only() -> None:

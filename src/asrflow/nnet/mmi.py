@@ -111,13 +111,22 @@ def load_denominator_graph(hclg_path: str | Path, tid2pdf: np.ndarray) -> Denomi
 
 
 def denominator_from_fst(hclg, tid2pdf: np.ndarray) -> DenominatorGraph:
-    """An HCLG (a decoding graph, or a phone LM's: ``nnet/phone_lm.py``) as a :class:`DenominatorGraph`:
-    input labels (transition ids) mapped to pdfs through ``tid2pdf``, output labels dropped, and
-    arcs that consume no frame removed (ε-removal of the input-label acceptor)."""
+    """An HCLG (a decoding graph, or a phone LM's: ``nnet/phone_lm.py``) as a :class:`DenominatorGraph`, as
+    Kaldi's ``CreateDenominatorFst`` makes its ``den.fst``: input labels (transition ids) mapped to pdf + 1,
+    output labels dropped, arcs that consume no frame removed (ε-removal), then states that accept the same
+    weighted pdf sequences merged (``MinimizeAcceptorNoPush``: minimisation of the acceptor with labels and
+    weights, quantised to 1e-5, encoded together, so no weight moves). Paths that read the same pdfs at the
+    same costs through different states (context-dependent phones sharing tied states) then become one
+    path, counted once, as in Kaldi. The forward-backward's time goes with the arcs (docs/nnet.md)."""
     from asrflow.kaldi import fst_arcs, kfst, map_arcs
 
-    acceptor = map_arcs(hclg, lambda a: kfst.StdArc(a.ilabel, a.ilabel, a.weight, a.nextstate))
+    def pdf_arc(a):
+        label = int(tid2pdf[a.ilabel]) + 1 if a.ilabel else 0
+        return kfst.StdArc(label, label, a.weight, a.nextstate)
+
+    acceptor = map_arcs(hclg, pdf_arc)
     kfst.rmepsilon(acceptor)
+    kfst.minimize_encoded(acceptor, delta=1e-5)
     num_states = 0
     finals: dict[int, float] = {}
     states = kfst.StateIterator(acceptor)
@@ -128,7 +137,7 @@ def denominator_from_fst(hclg, tid2pdf: np.ndarray) -> DenominatorGraph:
         if np.isfinite(cost):
             finals[state] = cost
         states.next()
-    arcs = [(s, nxt, int(tid2pdf[ilabel]), cost) for s, ilabel, _, cost, nxt in fst_arcs(acceptor)]
+    arcs = [(s, nxt, ilabel - 1, cost) for s, ilabel, _, cost, nxt in fst_arcs(acceptor)]
     return graph_from_arcs(arcs, finals, acceptor.start, num_states)
 
 
