@@ -100,7 +100,7 @@ JOB_COSTS: dict[str, JobCost] = {
     "features": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
     "gmm": JobCost(mem_mb=(3000, 20), minutes=(20, 10)),
     "align": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
-    "chain": JobCost(mem_mb=(3000, 20), minutes=(15, 2)),
+    "chain": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
     "fmllr": JobCost(mem_mb=(4000, 20), minutes=(20, 20)),
     "decode": JobCost(mem_mb=(3000, 10), minutes=(10, 40)),
     "tune": JobCost(mem_mb=(6000, 10), minutes=(30, 20)),
