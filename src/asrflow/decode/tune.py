@@ -180,13 +180,12 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
     errors and WER, and the whole grid. The held-out utterances are decoded with an LM estimated
     without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
-    from asrflow.config import model_cmvn
+    from asrflow.config import model_cmvn, settings
     from asrflow.decode.stage import decode_network, decoder_kind, make_graph
     from asrflow.nnet import NnetError
 
     out, net_dir, gmm_dir = paths.out, paths.model, paths.gmm
-    own = config["nnet"]["models"][system].get("decode", {}).get("tune", {})
-    tune = {**config["nnet"]["decode"]["tune"], **own}  # the network's own lists first
+    tune = settings.decoding(config, system).tune.as_dict()  # with the network's own lists
     kind = decoder_kind(config["nnet"]["models"][system])
     if kind == "hclg" and gmm_dir is None:
         raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
