@@ -180,6 +180,68 @@ def test_config_allows_mmi_for_whole_utterance_hybrids_only() -> None:
     config({"type": "dnn", "train": {"mmi": {"weight": 1.0, "denominator": "phone_lm", "phone_lm_order": 2}}})
     with pytest.raises(ConfigError, match="phone_lm"):
         config({"type": "dnn", "train": {"mmi": {"weight": 1.0, "denominator": "phone-lm"}}})
+    config({"type": "cnn", "channels": [], "train": {"mmi": {"weight": 1.0, "cross_entropy": "separate"}}})
+    with pytest.raises(ConfigError, match="one linear output layer"):
+        config({"type": "cnn", "multi_frame": 3, "tdnn_dilations": [1, 3],
+                "train": {"mmi": {"weight": 1.0, "cross_entropy": "separate"}}})
+
+
+def test_a_separate_cross_entropy_output_takes_the_cross_entropy_and_leaves_the_output_to_mmi() -> None:
+    from asrflow.nnet.models import CrossEntropyOutput, build_model
+    from asrflow.nnet.objectives import frame_cross_entropy
+
+    torch.manual_seed(0)
+    config = {"type": "cnn", "channels": [], "tdnn_dim": 16, "tdnn_dilations": [1, 2], "subsampling": 3}
+    plain = build_model(config, 5, 3)
+    torch.manual_seed(0)
+    model = build_model({**config, "xent_output": True}, 5, 3)
+    assert isinstance(model.output, CrossEntropyOutput)
+    assert set(model.state_dict()) == set(plain.state_dict()) | {"output.xent.weight", "output.xent.bias"}
+    x, lengths = torch.randn(2, 13, 5), torch.tensor([13, 10])
+    logits, out_lengths = model.eval()(x, lengths)
+    assert torch.equal(logits, plain.eval()(x, lengths)[0])  # the first output is the network's own
+    logits, out_lengths = model.train()(x, lengths)
+    assert model.output.xent_logits.shape == logits.shape
+    assert not torch.allclose(model.output.xent_logits, logits)
+    targets = torch.randint(3, (2, logits.shape[1]))
+    targets[1, out_lengths[1]:] = -100
+    batch = {"targets": targets, "target_lengths": out_lengths}
+    arcs = [(0, c + 1, c, 1.0) for c in range(3)] + [(a + 1, b + 1, b, 0.5) for a in range(3) for b in range(3)]
+    graph = graph_from_arcs(arcs, {c + 1: 0.0 for c in range(3)}, 0, 4)
+    # cross-entropy alone: it reaches the second output and never the first
+    objective = MmiObjective(graph, torch.zeros(3), 0.0, 1.0, separate=True)
+    objective.attach(model)
+    loss, _ = objective(logits, out_lengths, batch)
+    assert loss.item() == pytest.approx(frame_cross_entropy(model.output.xent_logits, out_lengths, batch)[0].item())
+    loss.backward()
+    assert model.output.weight.grad is None or not model.output.weight.grad.any()
+    assert model.output.xent.weight.grad.abs().sum() > 0
+    # MMI alone: the first output only
+    model.zero_grad(set_to_none=True)
+    objective = MmiObjective(graph, torch.zeros(3), 1.0, 1.0, separate=True)
+    objective.attach(model)
+    logits, out_lengths = model(x, lengths)
+    mmi_only = objective(logits, out_lengths, batch)[0] - frame_cross_entropy(model.output.xent_logits, out_lengths,
+                                                                              batch)[0]
+    mmi_only.backward()
+    assert model.output.weight.grad.abs().sum() > 0 and not model.output.xent.weight.grad.any()
+    with pytest.raises(ValueError, match="built with one"):
+        MmiObjective(graph, torch.zeros(3), 1.0, 1.0, separate=True).attach(plain)
+
+
+def test_the_network_stage_writes_final_pt_without_the_cross_entropy_output() -> None:
+    from asrflow.nnet.models import build_model
+    from asrflow.nnet.stage import with_xent_weights, without_xent_output
+
+    config = {"type": "dnn", "hidden": 8, "layers": 1, "context": 1}
+    trained = build_model({**config, "xent_output": True}, 4, 3)
+    saved = {"config": {**config, "xent_output": True}, "model": trained.state_dict(), "num_classes": 3}
+    decoding = without_xent_output(saved)
+    assert "xent_output" not in decoding["config"] and not any(k.startswith("output.xent") for k in decoding["model"])
+    build_model(decoding["config"], 4, 3).load_state_dict(decoding["model"])  # strict: exactly the decoder's network
+    again = with_xent_weights(decoding)  # fine-tuning it with a separate output again: the output's copy
+    assert torch.equal(again["model"]["output.xent.weight"], again["model"]["output.weight"])
+    build_model(saved["config"], 4, 3).load_state_dict(again["model"])
 
 
 def test_training_with_mmi_learns_and_logs_its_term(tmp_path: Path) -> None:

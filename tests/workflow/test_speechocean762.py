@@ -44,7 +44,7 @@ nnet:
     dnn: {{type: dnn, hidden: 96, layers: 2, context: 5}}
     tdnn_chain: {{type: cnn, channels: [], tdnn_dim: 96, tdnn_dilations: [1, 1, 3, 3], subsampling: 3,
                  alignments: chain, features: fmllr, train: {{mmi: {{weight: 10.0, acoustic_scale: 1.0,
-                                                                  denominator: phone_lm}}}},
+                                                                  denominator: phone_lm, cross_entropy: separate}}}},
                  decode: {{acoustic_scale: 1.0, tune: {{acoustic_scale: [1.0, 1.5], insertion_penalty: [0.0]}}}}}}
   decode: {{graph_beam: 8.0, max_active: 1000, shard_utts: 20,
            tune: {{acoustic_scale: [0.1, 0.2], insertion_penalty: [0.0, 1.0]}}}}
@@ -110,6 +110,11 @@ def test_the_chain_tree_converts_every_sat_alignment_and_its_network_decodes_a_t
     net = json.loads((res / "nnet" / "train" / "tdnn_chain" / "manifest.json").read_text())
     assert net["alignments"] == "chain" and net["rejected"] == 0 and net["classes"] == chain["pdfs"]
     assert "priors" not in net  # decoded without priors, whatever nnet.priors says
+    import torch
+
+    saved = torch.load(res / "nnet" / "train" / "tdnn_chain" / "final.pt", weights_only=True)
+    assert "xent_output" not in saved["config"]  # the cross-entropy's own output stays in training
+    assert not any(name.startswith("output.xent.") for name in saved["model"])
     decoded = json.loads((res / "decode" / "tdnn_chain" / "test" / "manifest.json").read_text())
     assert decoded["tuned"] and decoded["acoustic_scale"] in (1.0, 1.5)
 

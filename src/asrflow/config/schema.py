@@ -354,6 +354,11 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
     if model_train(config, name)["chunk_frames"]:
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
+    separate = model_train(config, name)["mmi"]["cross_entropy"] == "separate"
+    if separate and (model["type"] not in ("dnn", "lstm", "cnn") or network_config(model).get("multi_frame", 1) > 1):
+        raise ConfigError(f"config key 'nnet.models.{name}.train.mmi.cross_entropy': a separate cross-entropy "
+                          f"output needs one linear output layer (dnn, lstm, cnn without multi_frame); {name} is "
+                          f"a {model['type']} with multi_frame {network_config(model).get('multi_frame', 1)}")
 
 
 SKIPPING = ("dnn", "cnn")  # networks that can run every k-th frame (frame_skip, multi_frame)

@@ -107,6 +107,7 @@ class Mmi(Settings):
     acoustic_scale: float
     denominator: str
     phone_lm_order: int
+    cross_entropy: str
 
 
 @dataclass(frozen=True)

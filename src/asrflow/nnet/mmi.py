@@ -205,20 +205,45 @@ def mmi(loglikes: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor,
 class MmiObjective:
     """Hybrid training objective: frame cross-entropy + ``weight`` × MMI per frame.
 
-    The cross-entropy term keeps the network's outputs posteriors (and regularises, as in
-    lattice-free MMI); the MMI term is computed on ``acoustic_scale`` × (log posterior − log
-    prior), the decoder's pseudo log-likelihoods. Called like the objectives of
-    :mod:`asrflow.nnet.objectives`; its :class:`LossStats` carry the MMI term in ``parts``.
+    The cross-entropy term regularises, as in lattice-free MMI; read from the network's output
+    (``separate`` false) it also keeps that output posteriors, read from a second output layer
+    (``separate``: :class:`~asrflow.nnet.models.CrossEntropyOutput`, which :meth:`attach` finds) it
+    leaves the output MMI and the decoder read to MMI alone, as Kaldi's chain models do. The MMI
+    term is computed on ``acoustic_scale`` × (log posterior − log prior), the decoder's pseudo
+    log-likelihoods. Called like the objectives of :mod:`asrflow.nnet.objectives`; its
+    :class:`LossStats` carry the MMI term in ``parts``.
     """
 
     def __init__(self, graph: DenominatorGraph, log_priors: torch.Tensor, weight: float,
-                 acoustic_scale: float) -> None:
+                 acoustic_scale: float, separate: bool = False) -> None:
         self.graph, self.log_priors = graph, log_priors.double()
         self.weight, self.acoustic_scale = weight, acoustic_scale
+        self.separate, self.xent_output = separate, None
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Read the cross-entropy from ``model``'s second output layer (with ``separate``)."""
+        from asrflow.nnet.models import CrossEntropyOutput
+
+        if self.separate:
+            if not isinstance(getattr(model, "output", None), CrossEntropyOutput):
+                raise ValueError(f"MMI with a separate cross-entropy output needs a network built with one "
+                                 f"(xent_output), not a {type(model).__name__}")
+            self.xent_output = model.output
+
+    def cross_entropy_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits the cross-entropy term reads: the network's, or its second output layer's."""
+        if not self.separate:
+            return logits
+        xent = self.xent_output.xent_logits if self.xent_output is not None else None
+        if xent is None or xent.shape != logits.shape:
+            raise ValueError("the separate cross-entropy output gave no logits of the network's shape "
+                             f"({None if xent is None else tuple(xent.shape)} against {tuple(logits.shape)}): "
+                             "attach() the network, one whose output layer gives its per-frame outputs")
+        return xent
 
     def __call__(self, logits: torch.Tensor, out_lengths: torch.Tensor,
                  batch: dict) -> tuple[torch.Tensor, LossStats]:
-        cross_entropy, stats = frame_cross_entropy(logits, out_lengths, batch)
+        cross_entropy, stats = frame_cross_entropy(self.cross_entropy_logits(logits), out_lengths, batch)
         device = logits.device
         if self.graph.pdf.device != device:
             self.graph, self.log_priors = self.graph.to(device), self.log_priors.to(device)

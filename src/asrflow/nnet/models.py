@@ -60,6 +60,39 @@ class Unit(nn.Module):
         return self.layer(x)
 
 
+class CrossEntropyOutput(nn.Linear):
+    """A hybrid's output layer with a second linear output beside it over the same input, for the cross-entropy
+    term of chain training (Kaldi's ``output-xent``): the first output serves MMI and the decoder, free of the
+    frame posteriors the cross-entropy asks for; the second serves the cross-entropy alone, and each forward pass
+    leaves its logits in :attr:`xent_logits` for the objective (``nnet/mmi.py``). The network stage writes
+    ``final.pt`` without it: decoding never reads it."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features)
+        self.xent = nn.Linear(in_features, out_features)
+        self.xent_logits: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.xent_logits = self.xent(x)
+        return super().forward(x)
+
+
+def with_cross_entropy_output(model: nn.Module) -> nn.Module:
+    """``model`` with its output layer made a :class:`CrossEntropyOutput` (its weights kept, the second
+    output new). Only networks whose output layer's logits are their per-frame outputs qualify: one head."""
+    output = getattr(model, "output", None)
+    if type(output) is not nn.Linear or getattr(model, "heads", 1) != 1:
+        raise ValueError(f"a separate cross-entropy output needs a network with one linear output layer "
+                         f"(dnn, lstm, cnn without multi_frame), not a {type(model).__name__} with "
+                         f"{type(output).__name__} outputs")
+    head = CrossEntropyOutput(output.in_features, output.out_features).to(output.weight.device)
+    with torch.no_grad():
+        head.weight.copy_(output.weight)
+        head.bias.copy_(output.bias)
+    model.output = head
+    return model
+
+
 class DNN(nn.Module):
     """MLP over spliced frames (the classic hybrid DNN); with ``multi_frame`` k, evaluated every k-th frame with k
     output heads (:mod:`asrflow.nnet.frames`)."""
@@ -383,10 +416,12 @@ def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.M
     """Build the model named by ``config["type"]`` with the rest of ``config`` as its sizes
     (the type's defaults, :data:`asrflow.config.sizes.SIZES`, for those it leaves out). What a compressed
     network's ``final.pt`` stores in its config rebuilds its shape: ``ranks`` (layer name → rank)
-    factorises those layers, ``pruned`` (layer names) masks their weights."""
+    factorises those layers, ``pruned`` (layer names) masks their weights; ``xent_output`` (true) gives it
+    a second, cross-entropy output (:class:`CrossEntropyOutput`; chain training's)."""
     options = network_config(config)
     kind = options.pop("type", None)
     ranks, pruned = options.pop("ranks", None), options.pop("pruned", None)
+    xent_output = options.pop("xent_output", False)
     if kind not in MODELS:
         raise ValueError(f"unknown model type {kind!r}; known: {', '.join(MODELS)}")
     for key in ("channels", "tdnn_dilations"):
@@ -395,6 +430,8 @@ def build_model(config: dict[str, Any], input_dim: int, output_dim: int) -> nn.M
     model = MODELS[kind](input_dim, output_dim, **options)
     if ranks:
         factorise(model, ranks)
+    if xent_output:
+        with_cross_entropy_output(model)
     return masked(model, pruned) if pruned else model
 
 

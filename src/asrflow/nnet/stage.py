@@ -183,7 +183,23 @@ def mmi_criterion(opts: Training, system: str, gmm_dir: str | Path | None, graph
         graph = denominator_from_fst(hclg, model.tid2pdf)
     else:
         graph = load_denominator_graph(Path(graph_dir) / "HCLG.fst", model.tid2pdf)
-    return MmiObjective(graph, log_priors, mmi.weight, mmi.acoustic_scale)
+    return MmiObjective(graph, log_priors, mmi.weight, mmi.acoustic_scale, mmi.cross_entropy == "separate")
+
+
+def with_xent_weights(init: dict[str, Any]) -> dict[str, Any]:
+    """``init`` (a ``final.pt`` content) with a cross-entropy output (``output.xent``) that starts as its output
+    layer, when it has none, for a network trained with a separate one (``train.mmi.cross_entropy``)."""
+    weights = init["model"]
+    if "output.xent.weight" in weights or "output.weight" not in weights:
+        return init
+    return {**init, "model": {**weights, "output.xent.weight": weights["output.weight"].clone(),
+                              "output.xent.bias": weights["output.bias"].clone()}}
+
+
+def without_xent_output(saved: dict[str, Any]) -> dict[str, Any]:
+    """A ``final.pt`` content without the cross-entropy output of its training (the network decoding reads)."""
+    return {**saved, "config": {k: v for k, v in saved["config"].items() if k != "xent_output"},
+            "model": {k: v for k, v in saved["model"].items() if not k.startswith("output.xent.")}}
 
 
 SHAPE_KEYS = ("ranks", "pruned")  # what a compressed network's final.pt config adds to its sizes
@@ -278,6 +294,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                         f"(see {out / 'report.tsv'})")
+    if criterion is not None and opts.mmi.cross_entropy == "separate":
+        model, init = {**model, "xent_output": True}, init and with_xent_weights(init)
     if net.teacher:
         criterion = distill_criterion(net, paths.teacher, targets.num_classes, train_set[0][1].shape[1])
         log(f"{system}: taught by {net.teacher['network']} (weight {net.teacher['weight']}, temperature "
@@ -306,6 +324,9 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}
     if summary["world_size"] == 1 or torch.distributed.get_rank() == 0:
+        if model.get("xent_output"):  # decoding reads the first output alone
+            saved = torch.load(out / "final.pt", weights_only=True)
+            atomic_save(without_xent_output(saved), out / "final.pt")
         if "pruned" in model:  # the kept weights and a bit per weight, not two dense matrices
             saved = torch.load(out / "final.pt", weights_only=True)
             atomic_save({**saved, "model": packed(saved["model"], model["pruned"])}, out / "final.pt")

@@ -379,6 +379,8 @@ class _Run:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
             torch.use_deterministic_algorithms(True)
         self.model = self._model(model_config, num_classes, init)
+        if hasattr(self.loss_fn, "attach"):  # an objective that reads more of the network than its outputs
+            self.loss_fn.attach(self.model)
         torch.manual_seed(opts.seed + 7919 * self.rank)  # same initial model everywhere; own dropout masks per learner
         lr = opts.lr * parallel.lr_factor(self.world, self.rank)  # a pipeline's stages differ
         self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lr,
