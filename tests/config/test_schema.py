@@ -26,7 +26,8 @@ def test_a_networks_train_overrides_overlay_nested_sections_key_by_key() -> None
                                                    "specaugment": {"freq_masks": 2}}}}}})
     train = model_train(config, "d")
     assert train["lr"] == 0.01 and train["mmi"] == {"weight": 0.5, "acoustic_scale": 0.1, "denominator": "graph",
-                                                    "phone_lm_order": 3, "cross_entropy": "shared"}
+                                                    "phone_lm_order": 3, "cross_entropy": "shared",
+                                                    "tolerance": 0}
     assert train["specaugment"]["freq_masks"] == 2 and train["specaugment"]["freq_width"] == 4
     assert train["specaugment"]["time_width"] == 20
 

@@ -53,7 +53,7 @@ def test_settings_are_built_from_the_resolved_config(tmp_path) -> None:
 
 def test_defaults_come_from_the_schema() -> None:
     opts = Training.defaults(epochs=3, mmi={"weight": 1.0})
-    assert opts.epochs == 3 and opts.mmi == Mmi(1.0, 0.1, "graph", 3, "shared") and opts.seed == 0
+    assert opts.epochs == 3 and opts.mmi == Mmi(1.0, 0.1, "graph", 3, "shared", 0) and opts.seed == 0
     assert opts.max_frames == schema_defaults("$defs/nnet_train")["max_frames"]
     assert Parallel.defaults().strategy == schema_defaults("nnet.parallel")["strategy"]
     with pytest.raises(ParallelError, match="unknown parallel strategy 'gossip'"):

@@ -184,6 +184,8 @@ def test_config_allows_mmi_for_whole_utterance_hybrids_only() -> None:
     with pytest.raises(ConfigError, match="one linear output layer"):
         config({"type": "cnn", "multi_frame": 3, "tdnn_dilations": [1, 3],
                 "train": {"mmi": {"weight": 1.0, "cross_entropy": "separate"}}})
+    with pytest.raises(ConfigError, match="tolerance.*chain alignment"):
+        config({"type": "dnn", "train": {"mmi": {"weight": 1.0, "tolerance": 1}}})
 
 
 def test_a_separate_cross_entropy_output_takes_the_cross_entropy_and_leaves_the_output_to_mmi() -> None:

@@ -44,7 +44,8 @@ nnet:
     dnn: {{type: dnn, hidden: 96, layers: 2, context: 5}}
     tdnn_chain: {{type: cnn, channels: [], tdnn_dim: 96, tdnn_dilations: [1, 1, 3, 3], subsampling: 3,
                  alignments: chain, features: fmllr, train: {{mmi: {{weight: 10.0, acoustic_scale: 1.0,
-                                                                  denominator: phone_lm, cross_entropy: separate}}}},
+                                                                  denominator: phone_lm, cross_entropy: separate,
+                                                                  tolerance: 1}}}},
                  decode: {{acoustic_scale: 1.0, tune: {{acoustic_scale: [1.0, 1.5], insertion_penalty: [0.0]}}}}}}
   decode: {{graph_beam: 8.0, max_active: 1000, shard_utts: 20,
            tune: {{acoustic_scale: [0.1, 0.2], insertion_penalty: [0.0, 1.0]}}}}

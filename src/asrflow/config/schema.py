@@ -354,6 +354,10 @@ def _check_mmi(config: Mapping[str, Any], name: str) -> None:
     if model_train(config, name)["chunk_frames"]:
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi': MMI needs whole utterances (the graph's "
                           f"paths start at the first frame); set train.chunk_frames to 0 for {name}")
+    if model_train(config, name)["mmi"]["tolerance"] and model_alignments(config, name) != CHAIN:
+        raise ConfigError(f"config key 'nnet.models.{name}.train.mmi.tolerance': a numerator with slack moves the "
+                          f"phones of a chain alignment; {name} trains on {model_alignments(config, name)}'s "
+                          f"(set alignments: chain, or tolerance 0)")
     separate = model_train(config, name)["mmi"]["cross_entropy"] == "separate"
     if separate and (model["type"] not in ("dnn", "lstm", "cnn") or network_config(model).get("multi_frame", 1) > 1):
         raise ConfigError(f"config key 'nnet.models.{name}.train.mmi.cross_entropy': a separate cross-entropy "

@@ -108,6 +108,7 @@ class Mmi(Settings):
     denominator: str
     phone_lm_order: int
     cross_entropy: str
+    tolerance: int
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from asrflow.nnet.numerator import ChainNumerator
 from asrflow.nnet.objectives import LossStats, frame_cross_entropy
 
 
@@ -210,15 +211,19 @@ class MmiObjective:
     (``separate``: :class:`~asrflow.nnet.models.CrossEntropyOutput`, which :meth:`attach` finds) it
     leaves the output MMI and the decoder read to MMI alone, as Kaldi's chain models do. The MMI
     term is computed on ``acoustic_scale`` × (log posterior − log prior), the decoder's pseudo
-    log-likelihoods. Called like the objectives of :mod:`asrflow.nnet.objectives`; its
-    :class:`LossStats` carry the MMI term in ``parts``.
+    log-likelihoods. Its numerator is the aligned pdf sequence, or with a ``numerator``
+    (:class:`~asrflow.nnet.numerator.ChainNumerator`: a chain network's alignment with slack) the
+    sum over the timings it allows, whose posteriors are then the cross-entropy's soft targets too.
+    Called like the objectives of :mod:`asrflow.nnet.objectives`; its :class:`LossStats` carry the
+    MMI term in ``parts``.
     """
 
     def __init__(self, graph: DenominatorGraph, log_priors: torch.Tensor, weight: float,
-                 acoustic_scale: float, separate: bool = False) -> None:
+                 acoustic_scale: float, separate: bool = False, numerator: ChainNumerator | None = None) -> None:
         self.graph, self.log_priors = graph, log_priors.double()
         self.weight, self.acoustic_scale = weight, acoustic_scale
         self.separate, self.xent_output = separate, None
+        self.numerator = numerator
 
     def attach(self, model: torch.nn.Module) -> None:
         """Read the cross-entropy from ``model``'s second output layer (with ``separate``)."""
@@ -243,13 +248,20 @@ class MmiObjective:
 
     def __call__(self, logits: torch.Tensor, out_lengths: torch.Tensor,
                  batch: dict) -> tuple[torch.Tensor, LossStats]:
-        cross_entropy, stats = frame_cross_entropy(self.cross_entropy_logits(logits), out_lengths, batch)
         device = logits.device
         if self.graph.pdf.device != device:
             self.graph, self.log_priors = self.graph.to(device), self.log_priors.to(device)
-        targets = batch["targets"].to(device)
         loglikes = self.acoustic_scale * (F.log_softmax(logits.double(), dim=-1) - self.log_priors)
-        per_frame = mmi(loglikes, out_lengths, targets, self.graph).sum() / max(stats.count, 1)
+        if self.numerator is None:
+            cross_entropy, stats = frame_cross_entropy(self.cross_entropy_logits(logits), out_lengths, batch)
+            value = mmi(loglikes, out_lengths, batch["targets"].to(device), self.graph).sum()
+        else:  # the numerator's posteriors: its gradient, and the cross-entropy's targets
+            numerator, posteriors = self.numerator(loglikes, out_lengths, batch["utts"])
+            cross_entropy, stats = frame_cross_entropy(self.cross_entropy_logits(logits), out_lengths, batch,
+                                                       posteriors)
+            value = (denominator_log_prob(loglikes, out_lengths, self.graph).sum() - numerator.sum()
+                     - (posteriors * (loglikes - loglikes.detach())).sum())  # the numerator's gradient, value 0
+        per_frame = value / max(stats.count, 1)
         loss = cross_entropy + self.weight * per_frame.float()
         return loss, LossStats(loss.detach() * stats.count, stats.count, stats.correct, stats.frames,
                                {"mmi": per_frame.detach().float() * stats.count})

@@ -28,13 +28,17 @@ class LossStats:
     parts: dict[str, torch.Tensor] = field(default_factory=dict)  # terms of a combined loss, summed like loss_sum
 
 
-def frame_cross_entropy(logits: torch.Tensor, out_lengths: torch.Tensor,
-                        batch: dict) -> tuple[torch.Tensor, LossStats]:
+def frame_cross_entropy(logits: torch.Tensor, out_lengths: torch.Tensor, batch: dict,
+                        posteriors: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
     """Mean cross-entropy over the non-padding frames (targets padded with -100; their number is the
-    sum of ``target_lengths``)."""
+    sum of ``target_lengths``), against the targets or, given ``posteriors`` ``(B, T', C)`` (0 on padding),
+    against those soft targets; the frame accuracy is always the targets'."""
     targets = batch["targets"].to(logits.device)
     frames = int(batch["target_lengths"].sum())
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    if posteriors is None:
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    else:
+        loss = -(posteriors.to(logits.device).float() * F.log_softmax(logits.float(), dim=-1)).sum()
     correct = ((logits.detach().argmax(-1) == targets) & (targets != -100)).sum()
     return loss / max(frames, 1), LossStats(loss.detach(), frames, correct, frames)
 

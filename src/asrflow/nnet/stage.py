@@ -161,10 +161,13 @@ def training_data(config: dict[str, Any], system: str, train_split: str, paths: 
 
 
 def mmi_criterion(opts: Training, system: str, gmm_dir: str | Path | None, graph_dir: str | Path | None,
-                  log_priors: torch.Tensor, lang_dir: str | Path | None = None) -> MmiObjective | None:
+                  log_priors: torch.Tensor, lang_dir: str | Path | None = None,
+                  alignments: str | Path | None = None) -> MmiObjective | None:
     """The MMI objective of hybrid ``system`` when ``train.mmi.weight`` > 0 (else None): its
     denominator is the HCLG in ``graph_dir`` of the GMM in ``gmm_dir`` (whose tree numbers the pdfs),
-    or with ``denominator: phone_lm`` a phone LM over that GMM's alignments and ``lang_dir``'s phones."""
+    or with ``denominator: phone_lm`` a phone LM over that GMM's alignments and ``lang_dir``'s phones.
+    With ``tolerance`` its numerator sums over the timings near the chain alignments of the training
+    utterances (in ``alignments``, an align stage's folder, else ``gmm_dir``)."""
     mmi = opts.mmi
     if not mmi.weight:
         return None
@@ -183,7 +186,14 @@ def mmi_criterion(opts: Training, system: str, gmm_dir: str | Path | None, graph
         graph = denominator_from_fst(hclg, model.tid2pdf)
     else:
         graph = load_denominator_graph(Path(graph_dir) / "HCLG.fst", model.tid2pdf)
-    return MmiObjective(graph, log_priors, mmi.weight, mmi.acoustic_scale, mmi.cross_entropy == "separate")
+    numerator = None
+    if mmi.tolerance:
+        from asrflow.nnet.numerator import ChainNumerator
+
+        tids = read_alignments(Path(alignments or gmm_dir) / "ali", "transition_ids")
+        numerator = ChainNumerator(tids, model, mmi.tolerance)
+    return MmiObjective(graph, log_priors, mmi.weight, mmi.acoustic_scale, mmi.cross_entropy == "separate",
+                        numerator)
 
 
 def with_xent_weights(init: dict[str, Any]) -> dict[str, Any]:
@@ -284,7 +294,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
         init, model = compressed_init(init, model, net, log)
     elif init is not None:  # a compressed init (a decoding variant of it) keeps its factorised or pruned layers
         model = {**model, **{k: init["config"][k] for k in SHAPE_KEYS if k in init["config"]}}
-    criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang)
+    criterion = (mmi_criterion(opts, system, paths.gmm, paths.graph, targets.extra["priors"], paths.lang,
+                               paths.alignments if opts.speed_perturb else None)
                  if net.objective == "hybrid" else None)
     log(f"{system} ({net.type}, {net.objective}{', + MMI' if criterion else ''}): {len(train_set)} training and "
         f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
