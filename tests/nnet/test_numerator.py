@@ -156,3 +156,9 @@ def test_objective_with_slack_subtracts_the_numerator_and_learns_its_posteriors(
         denominator_log_prob(ll, LENGTHS, graph) - numerator_log_prob(ll, LENGTHS, [FIRST, SECOND], 1)).sum() / 12
     (expected_grad,) = torch.autograd.grad(expected, z)
     assert torch.allclose(grad, expected_grad, atol=1e-8)
+
+
+def test_numerator_speed_is_milliseconds_per_frame() -> None:
+    from asrflow.nnet.numerator import numerator_speed
+
+    assert 0 < numerator_speed(20, 3, 30, 2, repeats=1) < 1000

@@ -171,6 +171,10 @@ def test_bench_mmi_times_each_denominator(yesno_run: Path, monkeypatch, capsys) 
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["denominator"] for r in rows] == ["graph", "phone_lm:2"]
     assert all(r["states"] > 10 and r["arcs"] >= r["states"] - 1 and r["ms_per_frame"] > 0 for r in rows)
+    assert "numerator_ms_per_frame" not in rows[0]
+    assert main([*common, "--denominators", "phone_lm:2", "--tolerance", "2"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["tolerance"] == 2 and row["numerator_ms_per_frame"] > 0
     with pytest.raises(SystemExit, match="unknown denominator 'lattice'"):
         main([*common, "--denominators", "lattice"])
 

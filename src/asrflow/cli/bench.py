@@ -97,6 +97,7 @@ def cmd_bench_mmi(args: argparse.Namespace) -> int:
 
     from asrflow.gmm.model import GmmModel
     from asrflow.nnet.mmi import denominator_from_fst, denominator_speed, load_denominator_graph
+    from asrflow.nnet.numerator import numerator_speed
     from asrflow.nnet.phone_lm import phone_lm_graph
 
     torch.set_num_threads(args.threads)
@@ -118,6 +119,10 @@ def cmd_bench_mmi(args: argparse.Namespace) -> int:
         rows.append({"denominator": name, "states": graph.num_states, "arcs": graph.num_arcs, "pdfs": num_pdfs,
                      "batch": args.batch, "frames": args.frames, "threads": args.threads,
                      **denominator_speed(graph, num_pdfs, args.batch, args.frames, args.repeats)})
+        if args.tolerance is not None:
+            rows[-1]["tolerance"] = args.tolerance
+            rows[-1]["numerator_ms_per_frame"] = numerator_speed(num_pdfs, args.batch, args.frames, args.tolerance,
+                                                                 args.repeats)
     return json_lines(rows, args.out)
 
 
@@ -262,6 +267,9 @@ def register(sub: Any) -> Any:
     p.add_argument("--batch", type=int, default=4, help="utterances per pass")
     p.add_argument("--frames", type=int, default=300, help="frames per utterance")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tolerance", type=int, default=None,
+                   help="also time a chain numerator with this slack (output frames) over the batch, a phone every "
+                        "3 frames: the row's numerator_ms_per_frame")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_mmi)

@@ -141,3 +141,25 @@ class ChainNumerator:
                  utts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`numerator_posteriors` of a batch of these utterances."""
         return numerator_posteriors(loglikes, lengths, [self.segments(u) for u in utts], self.tolerance)
+
+
+def numerator_speed(num_pdfs: int, batch: int, frames: int, tolerance: int, repeats: int = 3,
+                    phone_frames: int = 3) -> float:
+    """Milliseconds per frame of the batch of :func:`numerator_posteriors` (both passes, the best of ``repeats``)
+    over ``batch`` utterances of ``frames`` random log-likelihoods, each with a phone every ``phone_frames``
+    frames (random pdfs): what the slack adds to a training step, beside :func:`~asrflow.nnet.mmi.denominator_speed`."""
+    import time
+
+    generator = np.random.default_rng(0)
+    starts = np.arange(0, frames, phone_frames)
+    ends = np.append(starts[1:], frames)
+    segments = [Segments(starts, ends, generator.integers(0, num_pdfs, len(starts)),
+                         generator.integers(0, num_pdfs, len(starts))) for _ in range(batch)]
+    loglikes = torch.randn(batch, frames, num_pdfs, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lengths = torch.full((batch,), frames)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        numerator_posteriors(loglikes, lengths, segments, tolerance)
+        best = min(best, time.perf_counter() - start)
+    return round(1000 * best / frames, 3)
