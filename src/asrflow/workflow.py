@@ -523,7 +523,8 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
 
 # Keys added to a nested section after networks were trained with it on: left out of its
 # fingerprint while at their defaults, so that adding them reruns nothing.
-NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3},
+NEUTRAL_SUBKEYS: dict[str, dict[str, Any]] = {"mmi": {"denominator": "graph", "phone_lm_order": 3,
+                                                      "cross_entropy": "shared", "tolerance": 0},
                                               "tune": {"search": "grid", "max_utterances": 2000}}
 
 

@@ -246,7 +246,8 @@ def test_speaker_cmvn_changes_no_fingerprint_and_utterance_cmvn_retrains(tmp_pat
 
 
 @pytest.mark.parametrize(("key", "default", "on"), [
-    ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3}, {"weight": 1.0}),
+    ("mmi", {"weight": 0.0, "acoustic_scale": 0.1, "denominator": "graph", "phone_lm_order": 3,
+             "cross_entropy": "shared", "tolerance": 0}, {"weight": 1.0}),
 ])
 def test_training_options_switched_off_change_no_fingerprint(tmp_path, key: str, default: dict, on: dict) -> None:
     """nnet.train.<key> at its default (off) retrains no network trained before the key existed."""
