@@ -86,8 +86,7 @@ class ChainAlignments:
         table = chain.transition_states
         self.state_of = {(int(p), int(f), int(s)): i + 1 for i, (p, _, f, s) in enumerate(table)}
         self.first_tid = np.asarray(chain.tm.state2id, dtype=np.int64)
-        tids = range(1, chain.tm.num_transition_ids + 1)
-        self.self_loop = np.array([False] + [chain.tm.is_self_loop(t) for t in tids])
+        self.self_loop = chain.self_loops
         self._pdfs: dict[tuple[int, int, int], tuple[int, int]] = {}
 
     def pdfs(self, left: int, phone: int, right: int) -> tuple[int, int]:

@@ -71,6 +71,11 @@ class GmmModel:
         raise ValueError("the transition model lists neither <Triples> nor <Tuples>")
 
     @functools.cached_property
+    def self_loops(self) -> np.ndarray:
+        """Whether each transition id is a self-loop (index 0 unused, False)."""
+        return np.array([False] + [self.tm.is_self_loop(t) for t in range(1, self.tm.num_transition_ids + 1)])
+
+    @functools.cached_property
     def tid_tables(self) -> tuple[np.ndarray, np.ndarray]:
         """``(phone, hmm_state)`` of each transition id (index 0 unused)."""
         states = np.asarray(self.tm.id2state, dtype=np.int64)

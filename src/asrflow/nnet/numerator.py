@@ -120,8 +120,7 @@ class ChainNumerator:
         if tolerance < 0:
             raise ValueError(f"numerator tolerance must be ≥ 0 output frames, not {tolerance}")
         self.alignments, self.tolerance = alignments, tolerance
-        tids = range(1, model.tm.num_transition_ids + 1)
-        self.self_loop = np.array([False] + [model.tm.is_self_loop(t) for t in tids])
+        self.self_loop = model.self_loops
         table = model.transition_states  # (phone, hmm state, forward pdf, self-loop pdf) per transition state
         states = np.asarray(model.tm.id2state, dtype=np.int64)
         self.forward_pdf = np.concatenate([[0], table[states[1:] - 1, 2]])
