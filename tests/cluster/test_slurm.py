@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.snakemake_run import REPO, TIMEOUT, YESNO, snakemake
+from tests.snakemake_run import REPO, YESNO, snakemake
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm, pytest.mark.xdist_group("workflow")]
 
@@ -53,7 +53,7 @@ def _bring_up_and_run(workdir: Path) -> str:
     # then 10 s longer after each check that finds nothing finished (10, 30, 60 s, ...), so a
     # 15-s job was seen after ~40 s. yesno's jobs take 10-25 s: 6 s gives checks at 6, 22, 48 s.
     proc = snakemake(workdir, "--profile", str(REPO / "cluster"), "--configfile", str(YESNO), str(overlay),
-                     "--slurm-init-seconds-before-status-checks", "6", timeout=TIMEOUT)
+                     "--slurm-init-seconds-before-status-checks", "6")
     return proc.stdout + proc.stderr
 
 
