@@ -37,6 +37,9 @@ from asrflow.lang.stage import prepare_lang
 
 from ..conftest import make_config, write_wav
 
+# one pytest-xdist worker runs the whole module: its module fixtures are computed once
+pytestmark = pytest.mark.xdist_group("gmm_training")
+
 QUIET = lambda *_: None  # noqa: E731
 SMALL = {"mono": {"iterations": 6, "realign_iterations": [1, 2, 4], "gaussians": 120, "max_iter_inc": 4}}
 

@@ -17,6 +17,9 @@ from asrflow.parallel.emulate import STRATEGIES, EmulationResult, emulate
 
 from ..nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
 
+# one pytest-xdist worker runs the whole module: its module fixtures are computed once
+pytestmark = pytest.mark.xdist_group("emulate")
+
 MODEL = {"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.0}
 CHANCE = math.log(4)
 EPOCHS = 3

@@ -15,6 +15,9 @@ import torch
 from tests.nnet.helpers import free_port
 from tests.nnet.test_data import fbank  # noqa: F401  (module fixture: yesno fbank features)
 
+# one pytest-xdist worker runs the whole module: its learners' runs (a module fixture) are computed once
+pytestmark = pytest.mark.xdist_group("strategies")
+
 SCRIPT = """
 import json, sys
 from pathlib import Path

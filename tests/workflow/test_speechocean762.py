@@ -13,7 +13,8 @@ import pytest
 
 from tests.snakemake_run import snakemake
 
-pytestmark = [pytest.mark.workflow, pytest.mark.xdist_group("workflow")]
+# its own pytest-xdist group: the slice runs in the other worker, beside the yesno runs, not after them
+pytestmark = [pytest.mark.workflow, pytest.mark.xdist_group("speechocean762")]
 
 OVERLAY = """\
 experiment: speechocean762_mini

@@ -151,10 +151,11 @@ def launch_settings(config_path: str, system: str) -> dict:
     """
     import yaml
 
+    from asrflow.config.schema import YAML_LOADER
     from asrflow.workflow import parallel_settings
 
     with open(config_path, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
+        config = yaml.load(handle, Loader=YAML_LOADER)
     if system not in config.get("nnet", {}).get("models", {}):
         raise LaunchError(f"{system!r} is not a network of nnet.models in {config_path}")
     return parallel_settings(config, system)
