@@ -118,3 +118,62 @@ def test_the_stage_reads_the_init_networks_final_model_or_says_what_is_missing(t
     # a checkpoint resumes only onto the same starting weights
     assert weights_digest(weights) == weights_digest({k: v.clone() for k, v in weights.items()})
     assert weights_digest(weights) != weights_digest({**weights, "w": torch.full((2, 2), 2.0)})
+
+
+def test_config_lets_a_network_on_anothers_encoder_have_outputs_of_its_own() -> None:
+    from asrflow.config import ConfigError
+
+    models = {"phones": {**NET, "objective": "ctc", "units": "phone"},
+              "bpe": {**NET, "objective": "ctc", "units": "bpe", "init": "phones", "init_layers": "encoder"},
+              "tri": {**NET, "alignments": "tri", "init": "phones", "init_layers": "encoder"}}
+    config = _config(models, ["bpe", "tri"])
+    assert config["nnet"]["models"]["bpe"]["init_layers"] == "encoder"
+    assert "init_layers" not in config["nnet"]["models"]["phones"]  # absent: every layer, as before
+    with pytest.raises(ConfigError, match="their type and sizes differ .a network on another's encoder"):
+        _config({**models, "bpe": {**models["bpe"], "hidden": 64}}, ["bpe"])
+    with pytest.raises(ConfigError, match="their features differ"):
+        _config({**models, "bpe": {**models["bpe"], "features": "mfcc"}}, ["bpe"])
+    with pytest.raises(ConfigError, match="init_layers': encoder gives a new output layer to train; not with "
+                                          "train.epochs 0"):
+        _config({**models, "bpe": {**models["bpe"], "train": {"epochs": 0}}}, ["bpe"])
+    with pytest.raises(ConfigError, match="not with low_rank"):
+        _config({**models, "bpe": {**models["bpe"], "low_rank": {"keep": 0.5}}}, ["bpe"])
+    with pytest.raises(ConfigError, match="init_layers': it says what init gives"):
+        _config({"ce": {**NET, "init_layers": "encoder"}})
+    with pytest.raises(ConfigError, match="their objective, units differ .* with init_layers: encoder, only"):
+        _config({"ce": dict(NET), "ft": {**NET, "init": "ce", "objective": "ctc", "units": "char"}})
+
+
+def test_a_new_output_layer_trains_on_the_init_networks_encoder(tmp_path: Path) -> None:
+    """init_layers: encoder: the stage gives the layers below the output; training starts from them exactly, with
+    a new output layer of the network's own classes, and learns the new task from there."""
+    from asrflow.config.settings import Training
+    from asrflow.nnet import NnetError
+    from asrflow.nnet.data import FeatureDataset
+    from asrflow.nnet.stage import initial_weights
+    from asrflow.nnet.train import train
+
+    labels = synthetic_split(tmp_path, utterances=24)
+    first = _train(tmp_path, labels, "ce", lr=1e-2, epochs=2)
+    torch.save(first["final"], tmp_path / "ce" / "final.pt")
+    config = _config({"ce": dict(NET), "six": {**NET, "init": "ce", "init_layers": "encoder"}}, ["six"])
+    encoder = initial_weights(config, "six", tmp_path / "ce")
+    assert encoder["num_classes"] is None and not any(k.startswith("output.") for k in encoder["model"])
+    assert set(first["final"]["model"]) - set(encoder["model"]) == {"output.weight", "output.bias"}
+    shifted = {u: c + 2 for u, c in labels.items()}  # six classes, of which the four seen, renamed
+
+    def run(out: str, lr: float, init: dict | None) -> dict:
+        data = FeatureDataset(tmp_path / "data", tmp_path / "feats", "train", shifted)
+        opts = Training.defaults(epochs=2, max_frames=500, lr=lr, warmup_steps=2, patience=5, seed=1)
+        logged: list[str] = []
+        summary = train(NET, opts, data, data, 6, tmp_path / out, log=logged.append, init=init)
+        return {**summary, "log": logged, "final": torch.load(tmp_path / out / "final.pt", weights_only=True)}
+
+    frozen = run("frozen", 0.0, encoder)
+    assert frozen["final"]["model"]["output.weight"].shape[0] == 6
+    assert all(torch.equal(value, frozen["final"]["model"][name]) for name, value in encoder["model"].items())
+    transferred = run("transferred", 1e-2, encoder)
+    start = float(transferred["log"][0].split("held-out loss ")[1].split(",")[0])  # the new output's, at random
+    assert transferred["best_valid_loss"] < 0.5 * start and transferred["best_valid_frame_accuracy"] > 0.9
+    with pytest.raises(NnetError, match="do not fit this network's layers below its output"):
+        run("wrong", 3e-3, {**encoder, "model": {**encoder["model"], "extra.weight": torch.zeros(1)}})

@@ -105,3 +105,11 @@ def test_a_network_that_keeps_its_last_epoch_says_so() -> None:
                   "nnet.effective.keep": "last"})]
     header, body = table(system_rows(latest_by_stage(runs), ["more"], ["test"]), ["test"])
     assert dict(zip(header, body[0]))["objective"] == "hybrid, fine-tuned from dnn, last epoch kept"
+
+
+def test_a_network_on_anothers_encoder_says_so() -> None:
+    runs = [_run("nnet-bpe-train", 1, {"seconds": 9.0},
+                 {"nnet.models.bpe.type": "cnn", "nnet.models.bpe.objective": "ctc", "nnet.effective.init": "ctc",
+                  "nnet.effective.init_layers": "encoder", "nnet.effective.epochs": "4"})]
+    header, body = table(system_rows(latest_by_stage(runs), ["bpe"], ["test"]), ["test"])
+    assert dict(zip(header, body[0]))["objective"] == "ctc, on ctc's encoder"

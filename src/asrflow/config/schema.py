@@ -482,16 +482,24 @@ def _check_examples(config: Mapping[str, Any], name: str) -> None:
 COMPRESSIONS = ("low_rank", "prune")  # ways a network is made smaller from its init's weights
 
 
+#: what a network started from another's encoder (``init_layers: encoder``) may have of its own: its outputs
+OUTPUTS = ("objective", "units", "alignments")
+
+
 def _check_init(config: Mapping[str, Any], name: str) -> None:
     """A network fine-tuned from another (``init``) starts from that network's weights: it names a trained
-    network of the same shape (type, sizes, objective, units, features, alignments), and no chain of
-    ``init`` leads back to itself."""
+    network of the same shape (type, sizes, objective, units, features, alignments; with ``init_layers:
+    encoder`` only type, sizes and features, its output layer being new), and no chain of ``init`` leads back
+    to itself."""
     models = config["nnet"]["models"]
     model = models[name]
     compressions = [k for k in COMPRESSIONS if k in model]
     if len(compressions) > 1:
         raise ConfigError(f"nnet.models.{name}: {' and '.join(compressions)} cannot be combined; choose one")
     if "init" not in model:
+        if "init_layers" in model:
+            raise ConfigError(f"config key 'nnet.models.{name}.init_layers': it says what init gives; set "
+                              f"nnet.models.{name}.init to the network it starts from")
         if compressions:
             raise ConfigError(f"config key 'nnet.models.{name}.{compressions[0]}': a compressed network is made from a "
                               f"trained one: set nnet.models.{name}.init to the network it starts from")
@@ -512,6 +520,10 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
         raise ConfigError(f"{key}: {source!r} is compressed ({', '.join(k for k in COMPRESSIONS if k in other)}); "
                           f"init names a network of whole layers, unless {name} is a decoding variant of it "
                           f"(train.epochs 0, no {' or '.join(COMPRESSIONS)} of its own)")
+    encoder = model.get("init_layers") == "encoder"  # init's layers but its output: the outputs may differ
+    if encoder and (compressions or variant):
+        raise ConfigError(f"config key 'nnet.models.{name}.init_layers': encoder gives a new output layer to train; "
+                          f"not with {' or '.join(compressions) if compressions else 'train.epochs 0'}")
     shape = network_config(other)
     if shape.get("multi_frame") == 1:  # a one-head network: a multi-frame one starts with every head its output layer
         shape["multi_frame"] = network_config(model).get("multi_frame", 1)
@@ -521,10 +533,14 @@ def _check_init(config: Mapping[str, Any], name: str) -> None:
         ("units", (model["units"], model["vocab_size"]) if model["objective"] == "ctc" else None,
          (other["units"], other["vocab_size"]) if other["objective"] == "ctc" else None),
         ("features", model_features(config, name), model_features(config, source)),
-        ("alignments", model_alignments(config, name), model_alignments(config, source))) if mine != theirs]
+        ("alignments", model_alignments(config, name), model_alignments(config, source)))
+        if mine != theirs and not (encoder and what in OUTPUTS)]
     if differences:
+        why = ("a network on another's encoder has its type, sizes and features" if encoder else
+               "a fine-tuned network has its starting network's shape and outputs; with init_layers: encoder, "
+               "only its type, sizes and features")
         raise ConfigError(f"{key}: {name} cannot start from {source!r}'s weights: their {', '.join(differences)} "
-                          f"differ (a fine-tuned network has its starting network's shape and outputs)")
+                          f"differ ({why})")
     chain = [name]
     while "init" in models[chain[-1]]:
         chain.append(models[chain[-1]]["init"])

@@ -308,6 +308,7 @@ class Network:
     priors: str  # hybrid: alignments | posteriors (nnet.priors), over prior_frames frames; none on the chain tree
     prior_frames: int
     init: str | None  # the network whose final weights it starts from
+    init_layers: str  # all | encoder: every layer of init, or all but its output layer
     low_rank: dict[str, float] | None  # energy or keep: init's layers factorised by truncated SVD
     prune: dict[str, float] | None  # fraction: init's smallest weights zeroed
     teacher: dict[str, Any] | None  # network, weight, temperature: teacher–student training
@@ -353,7 +354,8 @@ def network(config: dict[str, Any], system: str) -> Network:
                    alignments=model_alignments(config, system), cmvn=model_cmvn(config, system),
                    priors="none" if model_alignments(config, system) == CHAIN else config["nnet"]["priors"],
                    prior_frames=config["nnet"]["prior_frames"],
-                   init=model.get("init"), low_rank=model.get("low_rank"), prune=model.get("prune"),
+                   init=model.get("init"), init_layers=model.get("init_layers", "all"),
+                   low_rank=model.get("low_rank"), prune=model.get("prune"),
                    teacher=model.get("teacher"),
                    sizes=network_config(model), members=tuple(model.get("members", ())),
                    training=training(config, system) if trained else None,

@@ -35,7 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 #: Config keys that are not model sizes (objective, units, training and parallel overrides).
 NON_SIZE_KEYS = ("type", "preset", "objective", "units", "vocab_size", "train", "parallel", "features", "alignments",
-                 "cmvn", "init", "low_rank", "prune", "teacher", "decode")
+                 "cmvn", "init", "init_layers", "low_rank", "prune", "teacher", "decode")
 
 
 def expand_preset(config: dict[str, Any]) -> dict[str, Any]:

@@ -236,10 +236,18 @@ def initial_weights(config: dict[str, Any], system: str, init_dir: str | Path | 
         saved = {**saved, "model": multi_frame_init(saved["model"], heads),
                  "config": {**saved["config"], "multi_frame": heads}}
         theirs = network_config(saved["config"])
-    if mine != theirs or saved["objective"] != config["nnet"]["models"][system]["objective"]:
+    encoder = config["nnet"]["models"][system].get("init_layers") == "encoder"
+    if mine != theirs or (saved["objective"] != config["nnet"]["models"][system]["objective"] and not encoder):
         raise NnetError(f"{path} is a {saved['objective']} {theirs} network, not the shape of {system} "
                         f"({config['nnet']['models'][system]['objective']} {mine}): retrain {source}")
-    return saved
+    return without_output(saved) if encoder else saved
+
+
+def without_output(saved: dict[str, Any]) -> dict[str, Any]:
+    """A ``final.pt`` content without its output layer (``output.*``) and its class count: the layers below it,
+    which a network with outputs of its own starts from (``init_layers: encoder``)."""
+    return {**saved, "num_classes": None,
+            "model": {k: v for k, v in saved["model"].items() if not k.startswith("output.")}}
 
 
 def distill_criterion(net: settings.Network, teacher_dir: Path | None, num_classes: int,
@@ -301,7 +309,8 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
         f"{len(valid_set)} held-out utterances, {targets.num_classes} classes; {len(rejected)} left out"
         + (f"; MMI denominator ({opts.mmi.denominator}) {criterion.graph.num_states} states, "
            f"{criterion.graph.num_arcs} arcs" if criterion else "")
-        + (f"; starting from {net.init}'s weights" if init is not None else ""))
+        + (f"; starting from {net.init}'s {'layers below its output' if net.init_layers == 'encoder' else 'weights'}"
+           if init is not None else ""))
     if not len(train_set) or not len(valid_set):
         raise NnetError(f"no usable training or held-out utterances for {system} on {train_split} "
                         f"(see {out / 'report.tsv'})")
@@ -316,7 +325,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     run.log_params({**{f"nnet.effective.{k}": v for k, v in opts.as_dict().items()},
                     "nnet.effective.train_data": train_set.split, "nnet.effective.features": net.features,
                     "nnet.effective.cmvn": net.cmvn, "nnet.effective.alignments": alignments or "none",
-                    "nnet.effective.init": net.init or "none",
+                    "nnet.effective.init": net.init or "none", "nnet.effective.init_layers": net.init_layers,
                     "nnet.effective.low_rank": " ".join(f"{k} {v}" for k, v in (net.low_rank or {}).items()) or "none",
                     "nnet.effective.prune": str(net.prune["fraction"]) if net.prune else "none",
                     "nnet.effective.teacher": net.teacher["network"] if net.teacher else "none"})
@@ -331,6 +340,7 @@ def train_system(config: dict[str, Any], system: str, train_split: str, paths: P
     manifest = {"system": system, "type": net.type, "objective": net.objective, "train": train_split,
                 "train_data": train_set.split,  # <train>_sp with speed perturbation
                 "features": net.features, "cmvn": net.cmvn, "alignments": alignments, "init": net.init,
+                "init_layers": net.init_layers if net.init else None,
                 "low_rank": net.low_rank, "prune": net.prune, "teacher": net.teacher,
                 "classes": targets.num_classes, "train_utterances": len(train_set),
                 "valid_utterances": len(valid_set), "rejected": len(rejected), **summary}

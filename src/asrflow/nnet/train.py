@@ -343,8 +343,9 @@ def train(model_config: dict[str, Any], opts: Training, train_set: FeatureDatase
     strategy when several learners run under torchrun (default: all-reduce). ``criterion``
     replaces the objective's loss in training and held-out evaluation (hybrid MMI, ``nnet/mmi.py``).
     ``init`` (the content of another network's ``final.pt``, same shape) gives the starting weights
-    instead of random ones (fine-tuning); that starting model's held-out loss is the one to beat, so
-    ``final.pt`` is never worse on the held-out set than where training began (unless ``keep`` is
+    instead of random ones (fine-tuning; without its output layer and class count, ``num_classes`` None,
+    the layers below a new output layer: ``init_layers: encoder``); that starting model's held-out loss is the
+    one to beat, so ``final.pt`` is never worse on the held-out set than where training began (unless ``keep`` is
     ``last``: then it is the weights after the last epoch trained, whatever their held-out loss).
     """
     if objective not in OBJECTIVES:
@@ -438,11 +439,17 @@ class _Run:
         input_dim = self.train_set[0][1].shape[1]
         model = build_model(model_config, input_dim, num_classes).to(self.device)
         if init is not None:
-            if (init["input_dim"], init["num_classes"]) != (input_dim, num_classes):
+            if init["input_dim"] != input_dim or init["num_classes"] not in (None, num_classes):
                 raise NnetError(f"the initial weights are for {init['input_dim']}-dimensional input and "
                                 f"{init['num_classes']} classes; this network has {input_dim}-dimensional input and "
                                 f"{num_classes} classes")
-            model.load_state_dict(init["model"])
+            if init["num_classes"] is None:  # the layers below the output (init_layers: encoder): a new output
+                missing, unexpected = model.load_state_dict(init["model"], strict=False)
+                if unexpected or any(not k.startswith("output.") for k in missing):
+                    raise NnetError(f"the initial weights do not fit this network's layers below its output "
+                                    f"(missing {missing}, unexpected {unexpected})")
+            else:
+                model.load_state_dict(init["model"])
         return model
 
     def resume(self) -> None:

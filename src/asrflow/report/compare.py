@@ -73,6 +73,8 @@ def _settings(system: str, params: dict[str, str]) -> dict[str, str]:
     pruned = params.get("nnet.effective.prune", "none")
     if init != "none" and params.get("nnet.effective.epochs") == "0":  # a decoding variant
         objective += f", {init} as trained"
+    elif init != "none" and params.get("nnet.effective.init_layers") == "encoder":
+        objective += f", on {init}'s encoder"
     elif init != "none":
         objective += (f", SVD ({low_rank}) of {init}, fine-tuned" if low_rank != "none" else
                       f", {float(pruned):.0%} pruned from {init}, fine-tuned" if pruned != "none" else
