@@ -309,10 +309,28 @@ def heldout_inputs(config: dict[str, Any], train: str, graph: str | None) -> dic
     return inputs
 
 
-def ensemble_systems(config: dict[str, Any]) -> list[str]:
-    """The evaluated networks that are ensembles (assembled from trained members, not trained)."""
+def needed_networks(config: dict[str, Any]) -> list[str]:
+    """Every network the evaluated ones need, themselves first: an ensemble's members, and the networks a
+    network starts from (``init``) or learns from (``teacher``), transitively."""
     models = config["nnet"]["models"]
-    return [s for s in network_systems(config) if models[s]["type"] == "ensemble"]
+    names: list[str] = []
+    todo = list(network_systems(config))
+    while todo:
+        name = todo.pop(0)
+        if name in names:
+            continue
+        names.append(name)
+        model = models[name]
+        todo += list(model.get("members", []))
+        todo += [model["init"]] if "init" in model else []
+        todo += [model["teacher"]["network"]] if "teacher" in model else []
+    return names
+
+
+def ensemble_systems(config: dict[str, Any]) -> list[str]:
+    """The ensembles the workflow assembles from trained members: the evaluated ones and any teacher."""
+    models = config["nnet"]["models"]
+    return [s for s in needed_networks(config) if models[s]["type"] == "ensemble"]
 
 
 def tuned_networks(config: dict[str, Any]) -> list[str]:
@@ -321,12 +339,9 @@ def tuned_networks(config: dict[str, Any]) -> list[str]:
 
 
 def trained_networks(config: dict[str, Any]) -> list[str]:
-    """The networks the nnet rule trains: the tuned ones that are not ensembles, and every ensemble's members."""
+    """The networks the nnet rule trains: every needed network that is not an ensemble (:func:`needed_networks`)."""
     models = config["nnet"]["models"]
-    names = [s for s in tuned_networks(config) if models[s]["type"] != "ensemble"]
-    for ensemble in (s for s in tuned_networks(config) if models[s]["type"] == "ensemble"):
-        names += [m for m in models[ensemble]["members"] if m not in names]
-    return names
+    return [s for s in needed_networks(config) if models[s]["type"] != "ensemble"]
 
 
 def decode_nnet_fingerprint(config: dict[str, Any], system: str) -> str:

@@ -80,6 +80,18 @@ def _config(models: dict) -> dict:
                            "nnet": {"models": models}})
 
 
+def test_a_teacher_that_is_not_evaluated_is_trained_or_assembled() -> None:
+    from asrflow.config import resolve_config
+    from asrflow.workflow import ensemble_systems, trained_networks
+
+    models = {"big": dict(BIG), "big2": dict(BIG), "ens": {"type": "ensemble", "members": ["big", "big2"]},
+              "small": {**SMALL, "teacher": {"network": "ens"}}}
+    config = resolve_config({"experiment": "x", "corpus": {"name": "yesno"}, "evaluation": {"systems": ["small"]},
+                             "nnet": {"models": models}})
+    assert ensemble_systems(config) == ["ens"]
+    assert trained_networks(config) == ["small", "big", "big2"]
+
+
 def test_config_checks_the_teacher_and_the_workflow_trains_it_first() -> None:
     from asrflow.config import ConfigError
     from asrflow.workflow import nnet_inputs

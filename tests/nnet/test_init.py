@@ -51,6 +51,15 @@ def test_a_fine_tuned_network_waits_for_the_one_it_starts_from() -> None:
     assert "init" not in nnet_inputs(config, "train", "ce")
 
 
+def test_the_networks_an_evaluated_one_starts_from_are_trained_though_not_evaluated() -> None:
+    from asrflow.workflow import trained_networks, tuned_networks
+
+    config = _config({"ce": dict(NET), "ft": {**NET, "init": "ce"}, "ft2": {**NET, "init": "ft"},
+                      "unused": dict(NET)}, ["ft2"])
+    assert tuned_networks(config) == ["ft2"]
+    assert trained_networks(config) == ["ft2", "ft", "ce"]
+
+
 def _train(root: Path, labels: dict, out: str, lr: float, init: dict | None = None, epochs: int = 3,
            keep: str = "best") -> dict:
     """Train NET on the synthetic split in ``root`` into ``root/out``: the summary, the log lines, final.pt."""
