@@ -242,7 +242,7 @@ def test_loader_workers_and_metric_intervals_change_no_result(fbank, tmp_path: P
     targets = {u: np.arange(n) * 4 // n for u, n in frames.items()}
     data = FeatureDataset(fbank / "data", fbank / "fbank", "train", targets)
     model = {"type": "dnn", "hidden": 32, "layers": 1, "context": 1, "dropout": 0.1}
-    finals, logs = [], []
+    finals, logs, epoch_losses = [], [], []
     for workers, every in ((0, 50), (2, 3)):
         logged: list[tuple[int, dict]] = []
         opts = Training.defaults(epochs=2, max_frames=2000, lr=3e-3, warmup_steps=2, seed=1, loader_workers=workers,
@@ -252,6 +252,7 @@ def test_loader_workers_and_metric_intervals_change_no_result(fbank, tmp_path: P
                         log_metrics=lambda step, m, into=logged: into.append((step, m)))
         finals.append(torch.load(tmp_path / f"w{workers}" / "final.pt", weights_only=True)["model"])
         logs.append([(step, m) for step, m in logged if "loss" in m])
+        epoch_losses.append([m["epoch_train_loss"] for _, m in logged if "epoch_train_loss" in m])
     for key, value in finals[0].items():
         assert torch.equal(value, finals[1][key]), key
     per_epoch = summary["steps"] // 2
@@ -261,6 +262,11 @@ def test_loader_workers_and_metric_intervals_change_no_result(fbank, tmp_path: P
     for _, metrics in logs[1]:
         assert 0 < metrics["loss"] < 10 and 0 <= metrics["frame_accuracy"] <= 1 and metrics["frames_per_second"] > 0
         assert 0 <= metrics["data_wait_fraction"] <= 1
+    # each epoch's training loss is the mean over all its steps, however often the metrics came
+    assert len(epoch_losses[0]) == 2
+    np.testing.assert_allclose(epoch_losses[0], [m["loss"] for _, m in logs[0]], rtol=1e-9)
+    np.testing.assert_allclose(epoch_losses[1], epoch_losses[0], rtol=1e-6)
+    assert epoch_losses[0][1] < epoch_losses[0][0]
 
 
 def test_checkpoints_are_written_from_a_snapshot_in_the_background(tmp_path: Path) -> None:

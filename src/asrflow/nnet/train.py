@@ -405,7 +405,7 @@ class _Run:
         self.strategy = make_strategy(parallel, self.model, self.optimiser, self.scheduler, self.rank, self.world,
                                       self.device, opts.clip)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best": float("inf"), "last": float("inf"),
-                                      "bad_epochs": 0}
+                                      "bad_epochs": 0, "train_loss": 0.0, "train_count": 0}
         self.state_path = Path(state_dir) if state_dir else out
         self.state_path.mkdir(parents=True, exist_ok=True)
         self.checkpoint = self.state_path / CHECKPOINT
@@ -571,12 +571,17 @@ class _Run:
         if self.state["step"] % self.opts.log_every == 0:
             self.flush_metrics()
         if self.state["step"] % self.opts.checkpoint_every == 0 and self.checkpoint_due():
+            self.flush_metrics()  # the epoch's training-loss sums in the checkpoint cover every step before it
             self.save()
 
     def flush_metrics(self) -> None:
-        """Log the steps since the last flush (one read of the device's sums, which waits for the steps to end)."""
+        """Log the steps since the last flush (one read of the device's sums, which waits for the steps to end) and
+        add their loss to the epoch's."""
         if self.window.steps:
-            self.log_metrics(self.state["step"], self.window.metrics(self.reader[1], self.scheduler.get_last_lr()[0]))
+            metrics = self.window.metrics(self.reader[1], self.scheduler.get_last_lr()[0])
+            self.state["train_loss"] = self.state.get("train_loss", 0.0) + metrics["loss"] * self.window.count
+            self.state["train_count"] = self.state.get("train_count", 0) + self.window.count
+            self.log_metrics(self.state["step"], metrics)
             self.window = _Window()
 
     def end_epoch(self) -> None:
@@ -586,10 +591,15 @@ class _Run:
         held_out_start = time.perf_counter()
         valid_loss, valid_acc = self.held_out()
         self.totals["held_out"] += time.perf_counter() - held_out_start
-        self.log(f"epoch {state['epoch']}: held-out loss {valid_loss:.4f}"
+        train_loss = state.get("train_loss", 0.0) / state["train_count"] if state.get("train_count") else None
+        state["train_loss"], state["train_count"] = 0.0, 0
+        self.log(f"epoch {state['epoch']}: "
+                 + (f"training loss {train_loss:.4f}, " if train_loss is not None else "")
+                 + f"held-out loss {valid_loss:.4f}"
                  + (f", frame accuracy {valid_acc:.4f}" if valid_acc is not None else "")
                  + f", lr {self.scheduler.get_last_lr()[0]:.2e}")
         self.log_metrics(state["step"], {"valid_loss": valid_loss, "epoch": state["epoch"],
+                                         **({"epoch_train_loss": train_loss} if train_loss is not None else {}),
                                          **({"valid_frame_accuracy": valid_acc} if valid_acc is not None else {})})
         if newbob_update(self.schedule, state["last"], valid_loss, self.opts):
             for group, base in zip(self.optimiser.param_groups, self.scheduler.base_lrs):  # apply it at once
