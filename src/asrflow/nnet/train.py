@@ -468,7 +468,7 @@ class _Run:
         torch.set_rng_state(mine["rng"].cpu())
         if self.device.type == "cuda" and "cuda_rng" in mine:
             torch.cuda.set_rng_state(mine["cuda_rng"].cpu(), self.device)
-        self.state, self.resumed = saved["state"], True
+        self.state, self.resumed = {**self.state, **saved["state"]}, True  # keys newer than the checkpoint start fresh
         self.totals.update(saved.get("totals", {}))
         self.seconds_before = saved.get("seconds", 0.0)
         self.log(f"resumed from {self.checkpoint}: epoch {self.state['epoch']}, batch {self.state['batch']}, "
@@ -579,8 +579,8 @@ class _Run:
         add their loss to the epoch's."""
         if self.window.steps:
             metrics = self.window.metrics(self.reader[1], self.scheduler.get_last_lr()[0])
-            self.state["train_loss"] = self.state.get("train_loss", 0.0) + metrics["loss"] * self.window.count
-            self.state["train_count"] = self.state.get("train_count", 0) + self.window.count
+            self.state["train_loss"] += metrics["loss"] * self.window.count
+            self.state["train_count"] += self.window.count
             self.log_metrics(self.state["step"], metrics)
             self.window = _Window()
 
@@ -591,7 +591,7 @@ class _Run:
         held_out_start = time.perf_counter()
         valid_loss, valid_acc = self.held_out()
         self.totals["held_out"] += time.perf_counter() - held_out_start
-        train_loss = state.get("train_loss", 0.0) / state["train_count"] if state.get("train_count") else None
+        train_loss = state["train_loss"] / state["train_count"] if state["train_count"] else None
         state["train_loss"], state["train_count"] = 0.0, 0
         self.log(f"epoch {state['epoch']}: "
                  + (f"training loss {train_loss:.4f}, " if train_loss is not None else "")
