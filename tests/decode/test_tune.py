@@ -128,6 +128,12 @@ def test_decoder_graphs_are_penalised_and_cached(tmp_path: Path) -> None:
     assert words == ["<eps>", "yes"]
     assert fst_arcs(plain)[0][3] == 0.5 and fst_arcs(penalised)[0][3] == 1.5
     assert _graph(path, 1.0)[0] is penalised and _graph(path)[0] is plain
+    other, _ = _graph(path, -1.0)  # a walk's step each way: both penalised copies stay
+    assert fst_arcs(other)[0][3] == -0.5
+    assert _graph(path, 1.0)[0] is penalised and _graph(path, -1.0)[0] is other
+    third, _ = _graph(path, 2.0)  # a third: the least recently used (1.0) goes
+    assert fst_arcs(third)[0][3] == 2.5 and _graph(path, -1.0)[0] is other
+    assert _graph(path, 1.0)[0] is not penalised
 
 
 def test_no_tune_folder_means_the_configured_settings(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,11 @@ from asrflow.kaldi import add_word_penalty, kfst, khg
 # prunes a small graph such as yesno's by the beam alone, and misses final states the wider search keeps).
 MIN_ACTIVE = 200
 _GRAPHS: dict[tuple, object] = {}
-_PENALISED: dict[str, object] = {}
+#: Penalised copies of a graph, by (graph, penalty), most recently used last; at most :data:`PENALISED_GRAPHS`.
+_PENALISED: OrderedDict[tuple, object] = OrderedDict()
+#: How many penalised copies a worker keeps beside the graph as read: two serve a tuning batch that decodes
+#: every shard at two penalties (a walk's step each way) without composing each graph again per shard.
+PENALISED_GRAPHS = 2
 #: Shards' frame counts and score matrices kept by :func:`kept_scores`, by (model, shard).
 _KEPT: dict[tuple, tuple[list[int], list[np.ndarray]]] = {}
 #: The most bytes of scores a worker keeps: a large corpus's tuning set may hold more, and the shards beyond it
@@ -77,15 +82,20 @@ class DecodeResult:
 def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
     """The graph (with ``penalty`` per output word) and its word list (``words.txt`` beside it), cached per worker.
 
-    Besides the graph as read, one penalised copy is kept: a tuning grid walks the
-    penalties one after the other.
+    Besides the graph as read, the last :data:`PENALISED_GRAPHS` penalised copies are kept (a tuning
+    search walks the penalties, a step or two at a time); the oldest goes before a new one is
+    composed, so a worker never holds more than that many copies and the one being built.
     """
     key = (path, os.stat(path).st_mtime_ns)
     if penalty:
         graph, id2word = _graph(path)
-        if _PENALISED.get("key") != (key, penalty):
-            _PENALISED.update(key=(key, penalty), graph=add_word_penalty(graph, penalty, len(id2word) - 1))
-        return _PENALISED["graph"], id2word
+        if (key, penalty) in _PENALISED:
+            _PENALISED.move_to_end((key, penalty))
+        else:
+            while len(_PENALISED) >= PENALISED_GRAPHS:
+                _PENALISED.popitem(last=False)
+            _PENALISED[key, penalty] = add_word_penalty(graph, penalty, len(id2word) - 1)
+        return _PENALISED[key, penalty], id2word
     if key not in _GRAPHS:
         words = {}
         for line in (Path(path).parent / "words.txt").read_text(encoding="utf-8").splitlines():
