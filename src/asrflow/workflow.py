@@ -94,7 +94,7 @@ class JobCost:
 #: (fmllr 3.7 GB), its core-minutes per hour 0.1 (features, align), 2-4 (gmm), 4-8 (fmllr), 13 (decode), 4 a
 #: network epoch on CPU; the bases hold start-up and the per-hour rates are about three times the measured.
 #: With the 20,000-word LM's graphs, the driver's peak and twice the larger of two workers': tuning 4.9 GB (0.4 +
-#: 2 × 2.2; each worker holds the held-out TLG, a penalised copy and the kept scores, at most 1 GiB a worker),
+#: 2 × 2.2; each worker holds the held-out TLG, two penalised copies and the kept scores, at most 1 GiB a worker),
 #: the tri's test decode 2.3 GB (0.3 + 2 × 1.0: its HCLG of 5.3 M states in each worker).
 JOB_COSTS: dict[str, JobCost] = {
     "features": JobCost(mem_mb=(2000, 10), minutes=(10, 1)),
