@@ -25,6 +25,7 @@ def snakemake(workdir: Path, *args: str, check: bool = True, timeout: float = TI
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("ASRFLOW_PARENT_RUN_ID", None)
+    env.pop("ASRFLOW_TRACKING_SPOOL", None)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args],
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

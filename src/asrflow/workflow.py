@@ -582,21 +582,31 @@ def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system
     return section_fingerprint({k: _without_runtime(k, _lookup(config, k)) for k in keys}, *keys)
 
 
+#: the relay of this Snakemake process's stage journals (:mod:`asrflow.tracking.journal`), while it runs
+_RELAY: list[Any] = []
+
+
 def pipeline_started(config: dict[str, Any]) -> None:
-    """Open the MLflow parent run and export its id to every job this Snakemake starts."""
+    """Open the MLflow parent run and export its id to every job this Snakemake starts; the jobs journal their
+    runs in ``<results>/<experiment>/mlflow-spool``, which a thread of this process relays to MLflow."""
     from asrflow.tracking import PARENT_ENV, start_pipeline_run
+    from asrflow.tracking.journal import SPOOL_ENV, Relay
 
     if os.environ.get(PARENT_ENV):
-        return  # a parent run was given from outside (e.g. a wrapper or a test)
+        return  # a parent run was given from outside (e.g. a wrapper or a test): the stages log to MLflow
     run_id = start_pipeline_run(config, name=f"pipeline-{config['experiment']}")
     if run_id:
         os.environ[PARENT_ENV] = run_id
-        Path(results_dir(config)).mkdir(parents=True, exist_ok=True)
+        spool = Path(results_dir(config)).resolve() / "mlflow-spool"
+        os.environ[SPOOL_ENV] = str(spool)
+        _RELAY.append(Relay(config, spool, run_id))
         print(f"asrflow: MLflow parent run {run_id}", file=sys.stderr)
 
 
 def pipeline_finished(config: dict[str, Any], ok: bool) -> None:
-    """Close the MLflow parent run opened by :func:`pipeline_started`."""
+    """Relay the stages' journals a last time and close the MLflow parent run opened by :func:`pipeline_started`."""
     from asrflow.tracking import PARENT_ENV, end_pipeline_run
 
+    while _RELAY:
+        _RELAY.pop().stop()
     end_pipeline_run(config, os.environ.get(PARENT_ENV), ok)

@@ -77,15 +77,15 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
 
 def _log_model(run: Any, files: dict[str, str]) -> None:
     """Log the pyfunc transcriber of ``files`` (:func:`asrflow.nnet.transcribe.bundle_files`) into ``run``."""
-    from asrflow.tracking.pyfunc import log_transcriber
-
     if not files:
         _log("no MLflow pyfunc model: the network reads speaker-adapted (fmllr) features, which need a GMM "
              "first pass over each speaker's utterances")
         return
-    uri = log_transcriber(run, files)
+    uri = run.log_model(files)
     if uri:
         _log(f"MLflow pyfunc model: {uri}")
+    elif run.recorder is not None:
+        _log("MLflow pyfunc model: logged into this stage's run by the workflow's tracking relay")
 
 
 def register(sub: Any) -> None:

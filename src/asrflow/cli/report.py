@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Print and write the table (and optionally plots) of an experiment's scored systems from MLflow."""
     from asrflow.report.compare import csv_text, html, markdown, system_rows, table
     from asrflow.tracking import tracking_uri
+    from asrflow.tracking.journal import SPOOL_ENV, relay
     from asrflow.tracking.query import latest_by_stage, metric_history, stage_runs
 
     if args.config:
@@ -20,6 +22,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         config = {"results_dir": args.results_dir, "tracking": {"uri": None}}
     uri = tracking_uri(config)
+    if os.environ.get(SPOOL_ENV):  # in a workflow: the stages' journals not yet relayed first
+        relay(config, os.environ[SPOOL_ENV])
     latest = latest_by_stage(stage_runs(uri, args.experiment))
     systems = args.systems or sorted({r.tags["asrflow.system"] for r in latest.values()
                                       if r.stage.startswith("score-") and "asrflow.system" in r.tags})

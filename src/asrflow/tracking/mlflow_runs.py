@@ -30,6 +30,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from asrflow.tracking.journal import SPOOL_ENV, Journal, now_ms
+
 PARENT_ENV = "ASRFLOW_PARENT_RUN_ID"
 _PACKAGES = ("asrflow", "torch", "mlflow", "snakemake", "dask", "distributed",
              "numpy", "soundfile", "soxr", "kaldiio", "sentencepiece", "num2words")
@@ -147,7 +149,7 @@ def end_pipeline_run(config: Mapping[str, Any], run_id: str | None, ok: bool) ->
 def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(key_name(k), v[:6000]) for k, v in sorted(params.items())]
+    items = [Param(key_name(k), str(v)[:6000]) for k, v in sorted(params.items())]
     for i in range(0, len(items), 100):
         client.log_batch(run_id, params=items[i : i + 100])
 
@@ -155,69 +157,141 @@ def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
 def _guarded(method):
     """A :class:`StageRun` method whose failure is a warning, after which the run records nothing more."""
     @functools.wraps(method)
-    def wrapper(self: StageRun, *args: Any, **kwargs: Any) -> None:
-        if self.client is None:
-            return
+    def wrapper(self: StageRun, *args: Any, **kwargs: Any) -> Any:
+        if self.recorder is None:
+            return None
         try:
-            method(self, *args, **kwargs)
+            return method(self, *args, **kwargs)
         except Exception as exc:  # tracking must never stop a stage
             warn(method.__name__, exc)
-            self.client = None
+            self.recorder = None
+            return None
     return wrapper
+
+
+class LiveRecorder:
+    """Writes one run's records to MLflow: what a stage logs outside a workflow, and what the workflow's relay
+    reads from the stages' journals (:mod:`asrflow.tracking.journal`). Metrics are ``[key, value, time, step]``."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], run_id: str) -> LiveRecorder:
+        """A recorder of the existing run ``run_id`` in the store of ``config``."""
+        import mlflow
+
+        mlflow.set_tracking_uri(tracking_uri(config))  # a model is logged through the fluent API
+        return cls(mlflow.MlflowClient(), run_id)
+
+    def apply(self, op: str, fields: Mapping[str, Any]) -> None:
+        """Write one journal record (``op``: metrics, params, tags, artifact, model or end)."""
+        getattr(self, op)(**fields)
+
+    def metrics(self, items: list[list]) -> None:
+        from mlflow.entities import Metric
+
+        batch = [Metric(key, float(value), stamp, step) for key, value, stamp, step in items]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
+    def params(self, items: Mapping[str, str]) -> None:
+        _log_params(self.client, self.run_id, items)
+
+    def tags(self, items: Mapping[str, str]) -> None:
+        for key, value in items.items():
+            self.client.set_tag(self.run_id, key, value)
+
+    def artifact(self, path: str, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            self.client.log_artifact(self.run_id, path, artifact_path)
+
+    def model(self, files: Mapping[str, str], name: str) -> str:
+        from asrflow.tracking.pyfunc import log_transcriber
+
+        return log_transcriber(self.run_id, dict(files), name)
+
+    def end(self, status: str, time: int | None = None) -> None:
+        self.client.set_terminated(self.run_id, status, end_time=time)
+
+
+class JournalRecorder:
+    """Appends one run's records to its journal, for the workflow's relay to write to MLflow: no MLflow here.
+    Artifacts are copied beside the journal when logged."""
+
+    run_id = None  # the relay gives the run its id
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def metrics(self, items: list[list]) -> None:
+        self.journal.record("metrics", items=items)
+
+    def params(self, items: Mapping[str, str]) -> None:
+        self.journal.record("params", items=dict(items))
+
+    def tags(self, items: Mapping[str, str]) -> None:
+        self.journal.record("tags", items=dict(items))
+
+    def artifact(self, path: str, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            self.journal.record("artifact", path=str(self.journal.copy(path)), artifact_path=artifact_path)
+
+    def model(self, files: Mapping[str, str], name: str) -> None:
+        self.journal.record("model", files={k: str(Path(v).resolve()) for k, v in files.items()}, name=name)
+
+    def end(self, status: str, time: int | None = None) -> None:
+        self.journal.record("end", status=status, time=time or now_ms())
 
 
 @dataclass
 class StageRun:
     """Handle a stage uses to record metrics and artifacts (no-op when tracking is off or has failed)."""
 
-    client: Any = None
-    run_id: str | None = None
+    recorder: LiveRecorder | JournalRecorder | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run's id; None when tracking is off or the run is journaled (the relay opens it)."""
+        return self.recorder.run_id if self.recorder is not None else None
 
     @_guarded
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(key_name(k), float(v), now, step or 0) for k, v in sorted(metrics.items())]
-        self.client.log_batch(self.run_id, metrics=batch)
+        stamp = now_ms()
+        self.recorder.metrics([[key_name(k), float(v), stamp, step or 0] for k, v in sorted(metrics.items())])
 
     @_guarded
     def log_metric_steps(self, steps: list[tuple[int, Mapping[str, float]]]) -> None:
         """Log many steps' metrics in few requests (per-step training metrics, buffered by the caller)."""
-        if not steps:
-            return
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(key_name(k), float(v), now, step) for step, metrics in steps
-                 for k, v in sorted(metrics.items())]
-        for i in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+        if steps:
+            stamp = now_ms()
+            self.recorder.metrics([[key_name(k), float(v), stamp, step] for step, metrics in steps
+                                   for k, v in sorted(metrics.items())])
 
     @_guarded
     def log_params(self, params: Mapping[str, Any]) -> None:
-        _log_params(self.client, self.run_id, {k: str(v) for k, v in params.items()})
+        self.recorder.params({key_name(k): str(v) for k, v in params.items()})
 
     @_guarded
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key_name(key), str(value))
+        self.recorder.tags({key_name(k): str(v) for k, v in tags.items()})
 
     @_guarded
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        if Path(path).exists():
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self.recorder.artifact(str(path), artifact_path)
 
     @_guarded
     def log_dict(self, data: Mapping[str, Any], name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name
             target.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-            self.client.log_artifact(self.run_id, str(target))
+            self.recorder.artifact(str(target))
+
+    @_guarded
+    def log_model(self, files: Mapping[str, str], name: str = "model") -> str | None:
+        """Log the pyfunc transcriber of ``files`` (:mod:`asrflow.tracking.pyfunc`): its model URI, or None
+        when the run is journaled (the relay logs it) or tracking is off."""
+        return self.recorder.model(files, name)
 
 
 class BackgroundMetrics:
@@ -272,23 +346,36 @@ def stage_run(config: Mapping[str, Any], stage: str, parent_run_id: str | None =
     _close(handle, "FINISHED")
 
 
+def open_run(config: Mapping[str, Any], name: str, tags: Mapping[str, str], time: int | None = None,
+             experiment: str | None = None) -> LiveRecorder:
+    """A new run ``name`` with ``tags`` in ``experiment`` (the config's by default), started at ``time`` (ms)."""
+    mlflow, experiment_id = _mlflow({**config, "experiment": experiment or config["experiment"]})
+    client = mlflow.MlflowClient()
+    run = client.create_run(experiment_id, start_time=time, run_name=name, tags=dict(tags))
+    return LiveRecorder(client, run.info.run_id)
+
+
 def _open_stage_run(config: Mapping[str, Any], stage: str, parent_run_id: str | None,
                     resolved_config: str | Path | None) -> StageRun:
-    """A handle on a new stage run, or a no-op handle (with a warning) when the store fails."""
+    """A handle on a new stage run — journaled under a workflow (``$ASRFLOW_TRACKING_SPOOL``), else in MLflow —
+    or a no-op handle (with a warning) when that fails."""
+    parent = parent_run_id or os.environ.get(PARENT_ENV) or None
+    env = environment_info()
+    tags = {"asrflow.kind": "stage", "asrflow.stage": stage,
+            **{f"asrflow.{k}": v for k, v in env.items()}, "mlflow.source.git.commit": env["git_commit"]}
+    if parent:
+        tags["mlflow.parentRunId"] = parent
     try:
-        mlflow, experiment_id = _mlflow(config)
-        client = mlflow.MlflowClient()
-        parent = parent_run_id or os.environ.get(PARENT_ENV) or None
-        env = environment_info()
-        tags = {"asrflow.kind": "stage", "asrflow.stage": stage,
-                **{f"asrflow.{k}": v for k, v in env.items()}, "mlflow.source.git.commit": env["git_commit"]}
-        if parent:
-            tags["mlflow.parentRunId"] = parent
-        run = client.create_run(experiment_id, run_name=stage, tags=tags)
+        if os.environ.get(SPOOL_ENV):
+            journal = Journal(os.environ[SPOOL_ENV], stage)
+            journal.record("start", name=stage, tags=tags, time=now_ms(), experiment=config["experiment"])
+            recorder: LiveRecorder | JournalRecorder = JournalRecorder(journal)
+        else:
+            recorder = open_run(config, stage, tags)
     except Exception as exc:  # tracking must never stop a stage
         warn(f"opening the {stage} run", exc)
         return StageRun()
-    handle = StageRun(client, run.info.run_id)
+    handle = StageRun(recorder)
     handle.log_params(flatten(config))
     if resolved_config:
         handle.log_artifact(resolved_config)
@@ -297,9 +384,9 @@ def _open_stage_run(config: Mapping[str, Any], stage: str, parent_run_id: str | 
 
 def _close(handle: StageRun, status: str) -> None:
     """End the run of ``handle`` with ``status`` (a warning if the store fails)."""
-    if handle.client is None:
+    if handle.recorder is None:
         return
     try:
-        handle.client.set_terminated(handle.run_id, status)
+        handle.recorder.end(status)
     except Exception as exc:  # tracking must never stop a stage
         warn("closing the run", exc)

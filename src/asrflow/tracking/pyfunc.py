@@ -18,8 +18,6 @@ import mlflow
 from mlflow.models import ModelSignature
 from mlflow.types import ParamSchema, ParamSpec
 
-from asrflow.tracking.mlflow_runs import StageRun
-
 #: ``params`` of ``predict``: ``one_speaker`` True normalises the files with their own joint statistics (one
 #: speaker's recordings, as the decode stage normalises a test speaker), False with the training speakers'.
 SIGNATURE = ModelSignature(inputs=None, params=ParamSchema([ParamSpec("one_speaker", "boolean", False)]))
@@ -42,12 +40,10 @@ class TranscriberModel(mlflow.pyfunc.PythonModel):
         return self.transcriber.transcribe(paths, one_speaker=bool((params or {}).get("one_speaker", False)))
 
 
-def log_transcriber(run: StageRun, files: dict[str, str], name: str = "model") -> str | None:
-    """Log the pyfunc model into ``run``; returns its model URI (None when tracking is off)."""
-    if run.client is None:
-        return None
+def log_transcriber(run_id: str, files: dict[str, str], name: str = "model") -> str:
+    """Log the pyfunc model into the run ``run_id`` (of the current tracking URI); returns its model URI."""
     requirements = [f"{pkg}=={metadata.version(pkg)}" for pkg in ("torch", "mlflow", "asrflow")]
-    with mlflow.start_run(run_id=run.run_id):
+    with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(name=name, python_model=TranscriberModel(), artifacts=files,
                                        pip_requirements=requirements, signature=SIGNATURE)
     return info.model_uri
