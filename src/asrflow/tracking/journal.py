@@ -51,11 +51,13 @@ class Journal:
         self.artifacts = self.spool / f"{name}.artifacts"
         self.spool.mkdir(parents=True, exist_ok=True)
         self._copies = 0
+        self._lock = threading.Lock()  # a training's metrics come from a thread of their own
 
     def record(self, op: str, **fields: Any) -> None:
         """Append one record (``op`` and its fields); a line is complete when its newline is written."""
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"op": op, **fields}) + "\n")
+        line = json.dumps({"op": op, **fields}) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
 
     def copy(self, path: str | Path) -> Path:
         """A copy of ``path`` (a file or a folder) beside the journal, for an artifact relayed later."""
