@@ -113,6 +113,7 @@ def relay(config: Mapping[str, Any], spool: str | Path, ended: str | None = None
         with _locked(spool):
             state_path = spool / "state.json"
             state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+            state = {name: entry for name, entry in state.items() if (spool / name).is_file()}
             try:
                 for path in sorted(spool.glob("*.jsonl")):
                     _relay_journal(config, path, state.setdefault(path.name, {"offset": 0}), ended, counts)
@@ -136,8 +137,11 @@ def _relay_journal(config: Mapping[str, Any], path: Path, entry: dict[str, Any],
     """Relay one journal from ``entry["offset"]``, updating ``entry`` after every record it writes."""
     from asrflow.tracking.mlflow_runs import LiveRecorder, open_run, warn
 
+    records = _complete_lines(path, entry["offset"])
+    if not records and not ended:
+        return
     recorder = LiveRecorder.of(config, entry["run_id"]) if entry.get("run_id") else None
-    for record, offset in _complete_lines(path, entry["offset"]):
+    for record, offset in records:
         op = record.pop("op")
         if op == "start":
             recorder = open_run(config, **record)
