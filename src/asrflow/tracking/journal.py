@@ -41,6 +41,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def artifacts_of(journal: Path) -> Path:
+    """The folder beside a journal that holds copies of its artifacts."""
+    return journal.with_suffix(".artifacts")
+
+
 class Journal:
     """The journal of one stage run: JSON lines appended to ``<spool>/<name>.jsonl``, artifacts beside it."""
 
@@ -48,7 +53,7 @@ class Journal:
         self.spool = Path(spool)
         name = f"{time.strftime('%Y%m%dT%H%M%S')}-{stage}-{uuid.uuid4().hex[:8]}"
         self.path = self.spool / f"{name}.jsonl"
-        self.artifacts = self.spool / f"{name}.artifacts"
+        self.artifacts = artifacts_of(self.path)
         self.spool.mkdir(parents=True, exist_ok=True)
         self._copies = 0
         self._lock = threading.Lock()  # a training's metrics come from a thread of their own
@@ -119,7 +124,7 @@ def relay(config: Mapping[str, Any], spool: str | Path, ended: str | None = None
                     _relay_journal(config, path, state.setdefault(path.name, {"offset": 0}), ended, counts)
                     if state[path.name].get("ended"):
                         path.unlink()
-                        shutil.rmtree(path.with_suffix(".artifacts"), ignore_errors=True)
+                        shutil.rmtree(artifacts_of(path), ignore_errors=True)
                         del state[path.name]
                         counts["ended"] += 1
             finally:
