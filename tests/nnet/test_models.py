@@ -31,6 +31,23 @@ def test_splice_repeats_edges() -> None:
     assert y[0].tolist() == [[0, 0, 1], [0, 1, 2], [1, 2, 3], [2, 3, 3]]
 
 
+def test_splice_matches_frame_by_frame_stacking_and_its_gradient() -> None:
+    """Against stacking each frame's neighbours one by one, each sequence clamped to its own length; the
+    gradient of a frame is the sum over every window it appears in."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 9, 4, requires_grad=True)
+    lengths, context = torch.tensor([9, 5, 1]), 3
+    y = splice(x, context, lengths)
+    expected = torch.stack([torch.stack([torch.cat([x[b, min(max(t + o, 0), int(lengths[b]) - 1)]
+                                                    for o in range(-context, context + 1)]) for t in range(9)])
+                            for b in range(3)])
+    assert torch.equal(y, expected)
+    weights = torch.randn_like(y)
+    (got,) = torch.autograd.grad((y * weights).sum(), x)
+    (want,) = torch.autograd.grad((expected * weights).sum(), x)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c["type"] + str(len(c)))
 def test_shapes_lengths_and_padding_independence(config: dict) -> None:
     torch.manual_seed(0)

@@ -31,12 +31,12 @@ def splice(x: torch.Tensor, context: int, lengths: torch.Tensor | None = None) -
         return x
     batch, frames, dim = x.shape
     last = (lengths.to(x.device) - 1) if lengths is not None else torch.full((batch,), frames - 1, device=x.device)
-    t = torch.arange(frames, device=x.device)
-    parts = []
-    for offset in range(-context, context + 1):
-        index = torch.minimum((t + offset).clamp(min=0).unsqueeze(0), last.unsqueeze(1))  # (B, T)
-        parts.append(torch.gather(x, 1, index.unsqueeze(2).expand(-1, -1, dim)))
-    return torch.cat(parts, dim=2)
+    # each sequence padded with its edge frames (one gather of T + 2c rows), then a window of 2c + 1 frames slid
+    # over it: a view, whose backward sums each frame's gradients over the windows it is in
+    source = torch.arange(-context, frames + context, device=x.device).clamp(min=0)
+    index = torch.minimum(source.unsqueeze(0), last.unsqueeze(1))  # (B, T + 2c)
+    padded = torch.gather(x, 1, index.unsqueeze(2).expand(-1, -1, dim))
+    return padded.unfold(1, 2 * context + 1, 1).transpose(2, 3).reshape(batch, frames, dim * (2 * context + 1))
 
 
 class Unit(nn.Module):
