@@ -42,6 +42,7 @@ from asrflow.nnet.bench import append_line, batch_flops, matmul_peak
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, loaded
 from asrflow.nnet.models import build_model, parameter_count
 from asrflow.nnet.objectives import OBJECTIVES
+from asrflow.nnet.train import adamw
 
 DIM, HYBRID_CLASSES, CTC_UNITS, FRAMES_PER_UNIT = 40, 3000, 500, 8
 ROW_KEYS = ("preset", "parameters", "device", "trainer_fps", "bare_fps", "ratio", "epoch_ratio", "data_wait", "mfu",
@@ -88,7 +89,7 @@ def _synchronise(device: torch.device) -> None:
 
 
 def bare_loop(model: torch.nn.Module, objective: str, batch: dict[str, Any], amp: bool, steps: int) -> float:
-    """Frames per second of forward, backward and a (fused, on a GPU) AdamW step on one fixed batch."""
+    """Frames per second of forward, backward and a fused AdamW step on one fixed batch."""
     return bare_epoch(model, objective, [batch] * steps, amp)
 
 
@@ -119,7 +120,7 @@ def bare_epoch(model: torch.nn.Module, objective: str, batches: list[dict], amp:
     """Frames per second (real, not padding) of the bare step over batches of the trainer's shapes already on the
     device: what the trainer would reach without any overhead of its own, on the same padded shapes."""
     device = batches[0]["feats"].device
-    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    optimiser = adamw(model.parameters(), device, lr=1e-4)
     loss_fn = OBJECTIVES[objective]
     model.train()
 

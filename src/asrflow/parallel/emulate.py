@@ -30,7 +30,7 @@ from asrflow.config.settings import Parallel, Training
 from asrflow.nnet.data import BucketBatchSampler, FeatureDataset, chunk_batch, collate
 from asrflow.nnet.models import build_model
 from asrflow.nnet.objectives import OBJECTIVES
-from asrflow.nnet.train import Schedule, evaluate, newbob_update, run_steps
+from asrflow.nnet.train import Schedule, adamw, evaluate, newbob_update, run_steps
 from asrflow.parallel import overlap_conflict, staleness
 from asrflow.parallel.base import flat_grads, flat_params, load_grads, load_params
 from asrflow.parallel.compress import COMPRESSIONS, ErrorFeedback, make_compressor
@@ -70,7 +70,7 @@ class _Learner:
 
     def __init__(self, model: torch.nn.Module, opts: Training, schedule: Schedule) -> None:
         self.model, self.clip = model, opts.clip
-        self.optimiser = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
+        self.optimiser = adamw(model.parameters(), next(model.parameters()).device, opts.lr, opts.weight_decay)
         self.schedule = copy.copy(schedule)  # its own newbob scale
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimiser, self.schedule)
 
