@@ -328,3 +328,28 @@ def test_config_allows_examples_for_feed_forward_hybrids_only() -> None:
             config({**model, "train": {"example_frames": 8}})
     with pytest.raises(ConfigError, match="chunk_frames and mmi"):
         config({"type": "dnn", "train": {"example_frames": 8, "mmi": {"weight": 1.0}}})
+
+
+def test_the_trainers_adamw_is_fused_and_steps_as_the_reference_loop() -> None:
+    """The fused AdamW on CPU updates the weights as PyTorch's per-tensor AdamW does, step for step."""
+    from asrflow.nnet.models import build_model
+    from asrflow.nnet.train import adamw
+
+    torch.manual_seed(0)
+    config = {"type": "dnn", "hidden": 16, "layers": 2, "context": 1, "dropout": 0.0}
+    fused_model, plain_model = (build_model(config, input_dim=5, output_dim=3) for _ in range(2))
+    plain_model.load_state_dict(fused_model.state_dict())
+    start = [p.detach().clone() for p in fused_model.parameters()]
+    fused = adamw(fused_model.parameters(), torch.device("cpu"), lr=1e-2, weight_decay=0.1)
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    x, lengths, y = torch.randn(2, 7, 5), torch.tensor([7, 4]), torch.randint(0, 3, (2, 7))
+    for _ in range(5):
+        for model, optimiser in ((fused_model, fused), (plain_model, plain)):
+            optimiser.zero_grad()
+            logits, _ = model(x, lengths)
+            torch.nn.functional.cross_entropy(logits.reshape(-1, 3), y.reshape(-1)).backward()
+            optimiser.step()
+    for a, b, before in zip(fused_model.parameters(), plain_model.parameters(), start, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(a, before)  # five steps moved every weight
