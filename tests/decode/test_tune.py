@@ -126,6 +126,7 @@ def test_decoder_graphs_are_penalised_and_cached(tmp_path: Path) -> None:
     plain, words = _graph(path)
     penalised, _ = _graph(path, 1.0)
     assert words == ["<eps>", "yes"]
+    assert plain.type == penalised.type == "const"  # searched as Kaldi's HCLG.fst is, from a vector file
     assert fst_arcs(plain)[0][3] == 0.5 and fst_arcs(penalised)[0][3] == 1.5
     assert _graph(path, 1.0)[0] is penalised and _graph(path)[0] is plain
     other, _ = _graph(path, -1.0)  # a walk's step each way: both penalised copies stay

@@ -446,7 +446,8 @@ def test_gmm_decodes_search_every_pdfs_likelihoods_and_find_what_kaldis_lattice_
 
 def test_benchmarks_time_the_e_step_and_score_decodes_per_setting(yesno, dask_client_1, tmp_path) -> None:
     """asrflow bench gmm (E-step vs workers) and bench decode (RTF and WER per beam and scale on every n-th
-    test utterance, against Kaldi's lattice-faster decoder on the same likelihoods) run on a trained system."""
+    test utterance, against Kaldi's lattice-faster decoder and the graph as a VectorFst on the same likelihoods)
+    run on a trained system."""
     from asrflow.gmm.bench import decode_benchmark, run_benchmark
 
     config, shards, lang = yesno
@@ -458,11 +459,13 @@ def test_benchmarks_time_the_e_step_and_score_decodes_per_setting(yesno, dask_cl
                            log=QUIET)
     assert report["utterances"] == 31 and report["runs"][1]["align_rtf"] > 0
     rows = decode_benchmark(config, tmp_path / "mono", tmp_path / "graph", root / "data", root / "mfcc", lang, "test",
-                            3, [(13.0, 7000), (8.0, 500)], [0.1], lattice=True, log=QUIET)
+                            3, [(13.0, 7000), (8.0, 500)], [0.1], lattice=True, vector=True, log=QUIET)
     assert [(r["beam"], r["utterances"]) for r in rows] == [(13.0, 10), (8.0, 10)]
     assert all(0 < r["rtf_search"] < r["rtf"] < 1 and 0 <= r["wer"] < 0.5 for r in rows)
     # the same likelihoods searched by Kaldi's lattice-faster decoder give the same words
     assert all(r["words_differ"] == 0 and r["lattice_rtf_search"] > 0 and r["partial_paths"] == 0 for r in rows)
+    # and through the graph held as a VectorFst (decoding holds it as a ConstFst): the same words
+    assert all(r["vector_words_differ"] == 0 and r["vector_rtf_search"] > 0 and r["const_speedup"] > 0 for r in rows)
 
 
 def test_alignment_spectrogram_frames_and_peaks(tmp_path) -> None:

@@ -183,7 +183,7 @@ def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatc
     """``asrflow bench networks`` decodes as the decode stage does (every utterance: the same WER), with the
     forward pass and the search timed apart, and counts the classes the search reads per frame (timing the search
     with every score answered from Python against the matrix), against Kaldi's lattice-faster decoder on request;
-    on a GPU, with the forward pass there."""
+    on a GPU, with the forward pass there; and times an untrained network's forward pass alone."""
     import torch
 
     from asrflow.config import load_config
@@ -204,11 +204,25 @@ def test_the_decoding_bench_repeats_the_decode_stage(yesno_run: Path, monkeypatc
         assert set(row["rtf_forward_by_batch"]) == {"1", "4000"}
     # the hybrid's scores searched by Kaldi's lattice-faster decoder as well: the same words
     row = network_benchmark(config, "dnn", nnet_decode_inputs(config, "test", "dnn"), "test", 1, lattice=True,
-                            log=lambda line: None)
+                            vector=True, log=lambda line: None)
     assert row["words_differ"] == 0 and row["partial_paths"] == 0 and row["lattice_rtf_search"] > 0
+    assert row["vector_words_differ"] == 0 and row["vector_rtf_search"] > 0  # and through the graph as a VectorFst
     with pytest.raises(NnetError, match="TLG"):
         network_benchmark(config, "ctc_phone", nnet_decode_inputs(config, "test", "ctc_phone"), "test", 1,
                           lattice=True, log=lambda line: None)
+    # the forward pass alone of a network as configured, before training it: the trained network's shape
+    from asrflow.decode.bench import forward_benchmark
+
+    trained = network_benchmark(config, "lstm", nnet_decode_inputs(config, "test", "lstm"), "test", 1,
+                                log=lambda line: None)
+    row = forward_benchmark(config, "lstm", nnet_decode_inputs(config, "test", "lstm"), "test", 1, [1, 4000],
+                            log=lambda line: None)
+    assert row["parameters"] == trained["parameters"] and row["utterances"] == trained["utterances"]
+    assert set(row["rtf_forward_by_batch"]) == {"1", "4000"} and min(row["rtf_forward_by_batch"].values()) > 0
+    for system in ("ens", "ctc_phone"):
+        with pytest.raises(NnetError, match="untrained"):
+            forward_benchmark(config, system, nnet_decode_inputs(config, "test", system), "test", 1, [4000],
+                              log=lambda line: None)
     if torch.cuda.is_available():  # the forward pass on the GPU, the search on the CPU: the same words
         row = network_benchmark(config, "dnn", nnet_decode_inputs(config, "test", "dnn"), "test", 1, device="cuda",
                                 log=lambda line: None)

@@ -53,7 +53,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     config = _load(args)
     searches = [(float(b), int(m)) for b, m in (pair.split(":") for pair in args.searches.split(","))]
     rows = decode_benchmark(config, args.model, args.graph, args.data, args.features, args.lang, args.test, args.every,
-                            searches, [float(s) for s in args.scales.split(",")], args.adapted, args.lattice, log=_log)
+                            searches, [float(s) for s in args.scales.split(",")], args.adapted, args.lattice,
+                            args.vector, log=_log)
     return json_lines(rows, args.out)
 
 
@@ -70,9 +71,16 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
         return 0
     config = _load(args)
     batches = [int(b) for b in args.batch_frames.split(",")] if args.batch_frames else None
+    if args.untrained:
+        from asrflow.decode.bench import forward_benchmark
+
+        return json_lines([forward_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test,
+                                             args.every, batches or [config["nnet"]["decode"]["batch_frames"]],
+                                             log=_log)
+                           for system in args.systems], args.out)
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
                               counted=args.count, batches=batches, device=args.device, lattice=args.lattice,
-                              log=_log)
+                              vector=args.vector, log=_log)
             for system in args.systems]
     json_lines(rows, args.out)
     if args.plot:
@@ -227,6 +235,9 @@ def register(sub: Any) -> Any:
     p.add_argument("--adapted", action="store_true", help="--features holds fMLLR-adapted features (<gmm>_fmllr)")
     p.add_argument("--lattice", action="store_true", help="search the same likelihoods with Kaldi's lattice-faster "
                    "decoder too (gmm-latgen-faster's search, one-unit lattice): its time and the words that differ")
+    p.add_argument("--vector", action="store_true", help="search the same scores through the graph held as a "
+                   "VectorFst too (as read from disk; decoding holds it as a ConstFst): its time, the words that "
+                   "differ")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_decode)
 
@@ -245,6 +256,12 @@ def register(sub: Any) -> Any:
                    "decoder too (one-unit lattice): its time and the words that differ")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="run the forward pass here (the search stays on "
                    "the CPU); default: each network's nnet.decode.device")
+    p.add_argument("--vector", action="store_true", help="search the same scores through the graph held as a "
+                   "VectorFst too (as read from disk; decoding holds it as a ConstFst): its time, the words that "
+                   "differ")
+    p.add_argument("--untrained", action="store_true", help="time only the forward pass of each hybrid network as "
+                   "configured, with random weights (no final.pt, no search), by --batch-frames: a network's "
+                   "scoring cost before training it")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.set_defaults(func=cmd_bench_networks)
 

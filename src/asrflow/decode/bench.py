@@ -23,7 +23,7 @@ from asrflow.config import model_cmvn
 from asrflow.config.paths import Paths
 from asrflow.config.settings import decoding
 from asrflow.data.datadir import read_table
-from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings, lattice_comparison
+from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings, lattice_comparison, vector_comparison
 from asrflow.decode.stage import decoder_kind
 from asrflow.decode.tune import tuned_settings
 from asrflow.gmm.estep import features
@@ -82,9 +82,52 @@ def _paths(inputs: dict[str, str]) -> Paths:
     return Paths(out=Path("."), **{k: Path(v) for k, v in inputs.items() if k in known})
 
 
+def _sample(config: dict[str, Any], system: str, paths: Paths, test: str, every: int
+            ) -> tuple[list[str], list[np.ndarray]]:
+    """Every ``every``-th utterance of ``test`` (sorted ids) and its features as network ``system`` reads them."""
+    texts = read_table(Path(paths.data) / test / "text")
+    chosen = sorted(texts)[::every]
+    shards = split_shards(paths.data, paths.features, paths.lang, test, len(chosen), only=set(chosen), deltas=0,
+                          cmvn=model_cmvn(config, system))
+    return [u for s in shards for u in s.utts], [x for s in shards for x in features(s)]
+
+
+def forward_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
+                      batches: list[int], log=print) -> dict[str, Any]:
+    """The forward pass alone of hybrid network ``system`` as configured, untrained (random weights: its cost
+    does not depend on them), on every ``every``-th utterance of ``test`` in one thread, timed with each of
+    ``batches`` padded frames per batch (``rtf_forward_by_batch``): how fast a network of that shape scores
+    speech, and the ``nnet.decode.batch_frames`` that suits it, before hours of training."""
+    import torch
+
+    from asrflow.nnet.frames import frame_skipping
+    from asrflow.nnet.inference import batch_log_posteriors
+    from asrflow.nnet.models import build_model, parameter_count
+
+    paths = _paths(inputs)
+    model = config["nnet"]["models"][system]
+    if decoder_kind(model) != "hclg" or model["type"] == "ensemble":
+        raise NnetError(f"{system}: --untrained times a hybrid network's own layers (an ensemble: time its members)")
+    torch.set_num_threads(1)
+    utts, feats = _sample(config, system, paths, test, every)
+    network = build_model(model, feats[0].shape[1], GmmModel.load(paths.gmm).am.num_pdfs).eval()
+    skip = decoding(config, system).frame_skip
+    network = frame_skipping(network, skip) if skip > 1 else network
+    audio = sum(len(x) for x in feats) * 0.01
+    row = {"system": system, "test": test, "every": every, "utterances": len(utts), "audio_seconds": round(audio, 1),
+           "parameters": parameter_count(network), "trained": False, "frame_skip": skip, "threads": 1,
+           "rtf_forward_by_batch": {}}
+    for size in batches:
+        start = time.perf_counter()
+        batch_log_posteriors(network, feats, size)
+        row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
+    log(f"{system} (untrained): forward RTF by padded frames per batch {row['rtf_forward_by_batch']}")
+    return row
+
+
 def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
                       counted: int = 0, batches: list[int] | None = None, device: str | None = None,
-                      lattice: bool = False, log=print) -> dict[str, Any]:
+                      lattice: bool = False, vector: bool = False, log=print) -> dict[str, Any]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with network ``system`` (its decode-stage
     ``inputs``) on one core; the row of timings, sizes and WER (see the module's docstring). ``counted``
     utterances are decoded again with a counting decodable for the share of classes read per frame; the
@@ -92,7 +135,8 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
     ``device`` (cpu, cuda, auto) replaces the network's ``nnet.decode.device`` for the forward pass; on a GPU
     one utterance is run first, so that the timing leaves out the GPU's start-up. With ``lattice`` a hybrid's
     scores are searched again by Kaldi's lattice-faster decoder (:func:`lattice_search`): its search time, the
-    speed-up and the utterances whose words differ join the row."""
+    speed-up and the utterances whose words differ join the row; with ``vector`` likewise through the graph held
+    as a VectorFst (:func:`vector_search`)."""
     import torch
 
     from asrflow.decode import ctc
@@ -113,14 +157,10 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
         dcfg = replace(dcfg, device=device)
     tuned = tuned_settings(paths.tune)
     texts = read_table(Path(paths.data) / test / "text")
-    chosen = sorted(texts)[::every]
-    shards = split_shards(paths.data, paths.features, paths.lang, test, len(chosen), only=set(chosen), deltas=0,
-                          cmvn=model_cmvn(config, system))
+    utts, feats = _sample(config, system, paths, test, every)
     final = Path(paths.model) / "final.pt"
     scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames, dcfg.device)
     network, header = scoring.load()
-    feats = [x for s in shards for x in features(s)]
-    utts = [u for s in shards for u in s.utts]
     on = next(network.parameters()).device
     if on.type == "cuda":
         scoring.log_posteriors(feats[:1])
@@ -154,9 +194,11 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
            "device": torch.cuda.get_device_name(on) if on.type == "cuda" else "cpu",
            "output_weights": sum(p.numel() for p in out.parameters()) if out is not None else None,
            "partial_paths": len(result.partial)}
+    items = [(u, len(p), lambda p=p: khg.DecodableCtc(loglikes(p, opts))) for u, p in zip(utts, posteriors)]
     if lattice:
-        items = [(u, len(p), lambda p=p: khg.DecodableCtc(loglikes(p, opts))) for u, p in zip(utts, posteriors)]
         row.update(lattice_comparison(graph, gmm.tm, opts, items, result))
+    if vector:
+        row.update(vector_comparison(graph, opts, items, result))
     if batches:
         row["rtf_forward_by_batch"] = {}
         for size in batches:

@@ -3,7 +3,8 @@
 The GMM's log-likelihoods of every pdf are computed for a whole utterance at once (a few
 matrix products) and searched by Kaldi's faster decoder, which keeps no lattice: every
 consumer reads only the best path. Workers cache the graph by path and modification time
-(and the word insertion penalty folded into it); each task reports the decoding time so the
+(and the word insertion penalty folded into it), held as a ConstFst, the type Kaldi's
+``mkgraph.sh`` writes HCLG.fst in (:func:`searchable`); each task reports the decoding time so the
 real-time factor excludes graph loading. A tuning search, which decodes the same shards once per
 step, asks workers to keep each shard's scores too (:func:`kept_scores`).
 """
@@ -94,7 +95,7 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
         else:
             while len(_PENALISED) >= PENALISED_GRAPHS:
                 _PENALISED.popitem(last=False)
-            _PENALISED[key, penalty] = add_word_penalty(graph, penalty, len(id2word) - 1)
+            _PENALISED[key, penalty] = searchable(add_word_penalty(graph, penalty, len(id2word) - 1))
         return _PENALISED[key, penalty], id2word
     if key not in _GRAPHS:
         words = {}
@@ -102,8 +103,16 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
             word, index = line.split()
             words[int(index)] = word
         id2word = [words.get(i, "") for i in range(max(words) + 1)]
-        _GRAPHS[key] = (kfst.StdVectorFst.read(path), id2word)
+        _GRAPHS[key] = (searchable(kfst.StdVectorFst.read(path)), id2word)
     return _GRAPHS[key]
+
+
+def searchable(fst):
+    """``fst`` as a ConstFst: its states and arcs in two contiguous arrays, which Kaldi's decoders search
+    faster than a VectorFst's separately allocated states (speechocean762's 5.3 M-state HCLG: the same
+    words in 8 % less search time, docs/gmm.md). The wheels read only vector FSTs from disk, so graphs stay
+    vector files and are converted once per worker as they are loaded."""
+    return fst if fst.type == "const" else kfst.StdConstFst(fst)
 
 
 def shard_key(shard: Shard) -> tuple | None:
@@ -158,6 +167,23 @@ def decode_all(graph_path: str, opts: DecodeOptions,
     --lattice``).
     """
     graph, id2word = _graph(graph_path, opts.insertion_penalty)
+    return _faster_search(graph, id2word, opts, decodables)
+
+
+def vector_search(graph_path: str, opts: DecodeOptions,
+                  decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
+    """:func:`decode_all`'s search through the graph as read from disk, a VectorFst (the insertion penalty
+    composed in), not converted to a ConstFst: the reference ``asrflow bench … --vector`` times it against."""
+    _, id2word = _graph(graph_path)
+    graph = kfst.StdVectorFst.read(graph_path)
+    if opts.insertion_penalty:
+        graph = add_word_penalty(graph, opts.insertion_penalty, len(id2word) - 1)
+    return _faster_search(graph, id2word, opts, decodables)
+
+
+def _faster_search(graph, id2word: list[str], opts: DecodeOptions,
+                   decodables: Iterable[tuple[str, int, Callable[[], object]]]) -> DecodeResult:
+    """Kaldi's faster decoder through ``graph`` over the decodables (:func:`decode_all`)."""
     decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=opts.beam, max_active=opts.max_active,
                                                                  min_active=min_active(opts.max_active)))
 
@@ -210,10 +236,25 @@ def lattice_comparison(graph_path: str, trans_model, opts: DecodeOptions,
                        decodables: list[tuple[str, int, Callable[[], object]]], result: DecodeResult) -> dict:
     """The same ``decodables`` searched by :func:`lattice_search`, against ``result`` (:func:`decode_all`'s
     search of them): the lattice decoder's search RTF, the speed-up and the utterances whose words differ."""
-    reference = lattice_search(graph_path, trans_model, opts, decodables)
-    return {"lattice_rtf_search": round(reference.seconds / (reference.frames * opts.frame_shift), 4),
-            "search_speedup": round(reference.seconds / max(result.seconds, 1e-9), 2),
-            "words_differ": sum(reference.hyps[u] != result.hyps[u] for u in result.hyps)}
+    return _against(lattice_search(graph_path, trans_model, opts, decodables), result, opts,
+                    ("lattice_rtf_search", "search_speedup", "words_differ"))
+
+
+def vector_comparison(graph_path: str, opts: DecodeOptions,
+                      decodables: list[tuple[str, int, Callable[[], object]]], result: DecodeResult) -> dict:
+    """The same ``decodables`` searched by :func:`vector_search`, against ``result`` (:func:`decode_all`'s search of
+    them through the ConstFst): the VectorFst's search RTF, the speed-up and the utterances whose words differ."""
+    return _against(vector_search(graph_path, opts, decodables), result, opts,
+                    ("vector_rtf_search", "const_speedup", "vector_words_differ"))
+
+
+def _against(reference: DecodeResult, result: DecodeResult, opts: DecodeOptions, keys: tuple[str, str, str]) -> dict:
+    """A reference search's RTF, how many times its time ``result``'s is, and the utterances whose words
+    differ, under ``keys``."""
+    rtf_key, speedup_key, differ_key = keys
+    return {rtf_key: round(reference.seconds / (reference.frames * opts.frame_shift), 4),
+            speedup_key: round(reference.seconds / max(result.seconds, 1e-9), 2),
+            differ_key: sum(reference.hyps[u] != result.hyps[u] for u in result.hyps)}
 
 
 def per_setting(settings: list[DecodeOptions],

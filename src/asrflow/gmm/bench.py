@@ -71,17 +71,18 @@ def run_benchmark(config: dict[str, Any], data_dir: str | Path, feats_dir: str |
 def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: str | Path, data_dir: str | Path,
                      feats_dir: str | Path, lang_dir: str | Path, test: str, every: int,
                      searches: list[tuple[float, int]], scales: list[float], adapted: bool = False,
-                     lattice: bool = False, log=print) -> list[dict[str, Any]]:
+                     lattice: bool = False, vector: bool = False, log=print) -> list[dict[str, Any]]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with the GMM in ``model_dir`` through its HCLG
     at each (beam, max-active) of ``searches`` and acoustic scale of ``scales``, in this process; one row per
     setting with the one-core RTF (the GMM's likelihoods, computed once as the decode stage does, and the
     search), the search's alone, utterances that reached no final state, and the WER. With ``lattice`` the
     same likelihoods are searched again by Kaldi's lattice-faster decoder (:func:`lattice_search`): its search
-    time, the speed-up and the utterances whose words differ join the row."""
+    time, the speed-up and the utterances whose words differ join the row; with ``vector`` likewise through the
+    graph held as a VectorFst (:func:`vector_search`)."""
     from dataclasses import replace
 
     from asrflow.data.datadir import read_table
-    from asrflow.decode.decoder import decode_all, gmm_decode_options, lattice_comparison, transition_columns
+    from asrflow.decode import decoder
     from asrflow.kaldi import khg
     from asrflow.score.wer import score_corpus
 
@@ -93,7 +94,7 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
     feats = [x for s in shards for x in features(s)]
     utts = [u for s in shards for u in s.utts]
     graph = str(Path(graph_dir).resolve() / "HCLG.fst")
-    base = gmm_decode_options(config["decode"])
+    base = decoder.gmm_decode_options(config["decode"])
     start = time.perf_counter()
     pdf_scores = [model.pdf_loglikes(x) for x in feats]
     likelihoods = time.perf_counter() - start
@@ -102,10 +103,10 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
         for scale in scales:
             opts = replace(base, beam=beam, max_active=max_active, acoustic_scale=scale)
             start = time.perf_counter()
-            matrices = [transition_columns(p, model.tid2pdf, scale) for p in pdf_scores]
+            matrices = [decoder.transition_columns(p, model.tid2pdf, scale) for p in pdf_scores]
             layout = time.perf_counter() - start
             items = [(u, len(m), lambda m=m: khg.DecodableCtc(m)) for u, m in zip(utts, matrices)]
-            result = decode_all(graph, opts, items)
+            result = decoder.decode_all(graph, opts, items)
             summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
             audio = result.frames * 0.01
             row = {"model": str(model_dir), "test": test, "every": every, "utterances": len(utts), "beam": beam,
@@ -114,7 +115,9 @@ def decode_benchmark(config: dict[str, Any], model_dir: str | Path, graph_dir: s
                    "rtf_search": round(result.seconds / audio, 4), "partial_paths": len(result.partial),
                    "wer": round(summary["wer"], 4), "sub": summary["sub"], "del": summary["del"], "ins": summary["ins"]}
             if lattice:
-                row.update(lattice_comparison(graph, model.tm, opts, items, result))
+                row.update(decoder.lattice_comparison(graph, model.tm, opts, items, result))
+            if vector:
+                row.update(decoder.vector_comparison(graph, opts, items, result))
             rows.append(row)
             log(f"beam {beam} max-active {max_active} scale {scale}: RTF {row['rtf']} (search {row['rtf_search']}"
                 + (f", lattice-faster's {row['lattice_rtf_search']}" if lattice else "")
