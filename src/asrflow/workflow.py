@@ -59,8 +59,10 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "nnet": ("seed", "nnet.features", "nnet.alignments", "nnet.cmvn", "nnet.valid_fraction", "nnet.hold_out",
              "nnet.priors", "nnet.prior_frames", "nnet.parallel", "nnet.train", "nnet.models.{system}"),
     "ensemble": ("nnet.models.{system}",),
-    "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective"),
-    "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.hold_out", "nnet.decode", "nnet.models.{system}.objective"),
+    # a network's own decode settings (over nnet.decode) are these two stages', not its training's
+    "decode_nnet": ("decode", "nnet.decode", "nnet.models.{system}.objective", "nnet.models.{system}.decode"),
+    "tune": ("seed", "decode", "nnet.valid_fraction", "nnet.hold_out", "nnet.decode", "nnet.models.{system}.objective",
+             "nnet.models.{system}.decode"),
     "tune_gmm": ("seed", "decode", "decode.tune", "nnet.valid_fraction", "nnet.hold_out", "nnet.decode.shard_utts"),
     "score": ("evaluation.groups",),
 }
@@ -566,7 +568,7 @@ def _without_runtime(key: str, value: Any) -> Any:
         value = {k: _without_new_defaults(k, v) for k, v in value.items()}
         return {k: v for k, v in value.items() if k not in runtime and not _neutral(neutral, k, v)}
     if key.startswith("nnet.models.") and isinstance(value, dict):
-        out = dict(value)
+        out = {k: v for k, v in value.items() if k != "decode"}  # the decode and tune stages' (STAGE_SECTIONS)
         for name in RUNTIME_KEYS:
             if name in out:
                 kept = _without_runtime(name, out.pop(name))
@@ -575,10 +577,16 @@ def _without_runtime(key: str, value: Any) -> Any:
     return value
 
 
+def _absent_override(key: str, config: dict[str, Any]) -> bool:
+    """Whether ``key`` is a network's own ``decode`` overrides and the network has none (as before they
+    were read): left out of the fingerprint, so that networks without them rerun nothing."""
+    return key.startswith("nnet.models.") and key.endswith(".decode") and _lookup(config, key) is None
+
+
 def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system: str = "") -> str:
     """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), runtime settings aside."""
     keys = [k.format(kind=kind, system=system) for k in STAGE_SECTIONS[stage]]
-    keys = [k for k in keys if not _neutral("", k, _lookup(config, k))]
+    keys = [k for k in keys if not _neutral("", k, _lookup(config, k)) and not _absent_override(k, config)]
     return section_fingerprint({k: _without_runtime(k, _lookup(config, k)) for k in keys}, *keys)
 
 

@@ -472,3 +472,19 @@ def test_optional_inputs_become_the_cli_s_hyphenated_options() -> None:
     inputs = {"gmm": "g", "heldout_lang": "l", "heldout_graph": "h"}
     assert optional_args(inputs, "gmm", "graph", "heldout_lang", "heldout_graph") == \
         "--gmm g --heldout-lang l --heldout-graph h"
+
+
+def test_a_networks_own_decode_settings_rerun_its_decodes_not_its_training(tmp_path, monkeypatch) -> None:
+    """``nnet.models.<system>.decode`` (over nnet.decode) is read by the decode and tune stages: changing it reruns
+    them and retrains nothing; a network without it keeps the fingerprints of before the key was read."""
+    from asrflow import workflow
+
+    base = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn"}}})
+    own = make_config(tmp_path, nnet={"models": {"dnn": {"type": "dnn", "decode": {"batch_frames": 20000}}}})
+    assert stage_fingerprint(base, "nnet", system="dnn") == stage_fingerprint(own, "nnet", system="dnn")
+    for stage in ("decode_nnet", "tune"):
+        assert stage_fingerprint(base, stage, system="dnn") != stage_fingerprint(own, stage, system="dnn")
+        before = stage_fingerprint(base, stage, system="dnn")
+        monkeypatch.setitem(workflow.STAGE_SECTIONS, stage,
+                            tuple(k for k in workflow.STAGE_SECTIONS[stage] if k != "nnet.models.{system}.decode"))
+        assert stage_fingerprint(base, stage, system="dnn") == before
