@@ -110,8 +110,9 @@ def _graph(path: str, penalty: float = 0.0) -> tuple[object, list[str]]:
 def searchable(fst):
     """``fst`` as a ConstFst: its states and arcs in two contiguous arrays, which Kaldi's decoders search
     faster than a VectorFst's separately allocated states (speechocean762's 5.3 M-state HCLG: the same
-    words in 8 % less search time, docs/gmm.md). The wheels read only vector FSTs from disk, so graphs stay
-    vector files and are converted once per worker as they are loaded."""
+    words in 8 % less search time with sat's GMM, 0-2 % with the tdnn's scores; docs/gmm.md). The wheels
+    read only vector FSTs from disk, so graphs stay vector files and are converted once per worker as they
+    are loaded."""
     return fst if fst.type == "const" else kfst.StdConstFst(fst)
 
 
