@@ -82,10 +82,11 @@ def _paths(inputs: dict[str, str]) -> Paths:
     return Paths(out=Path("."), **{k: Path(v) for k, v in inputs.items() if k in known})
 
 
-def _sample(config: dict[str, Any], system: str, paths: Paths, test: str, every: int
-            ) -> tuple[list[str], list[np.ndarray]]:
-    """Every ``every``-th utterance of ``test`` (sorted ids) and its features as network ``system`` reads them."""
-    texts = read_table(Path(paths.data) / test / "text")
+def _sample(config: dict[str, Any], system: str, paths: Paths, test: str, every: int,
+            texts: dict[str, str] | None = None) -> tuple[list[str], list[np.ndarray]]:
+    """Every ``every``-th utterance of ``test`` (sorted ids; ``texts``: its transcripts, read when None) and its
+    features as network ``system`` reads them."""
+    texts = read_table(Path(paths.data) / test / "text") if texts is None else texts
     chosen = sorted(texts)[::every]
     shards = split_shards(paths.data, paths.features, paths.lang, test, len(chosen), only=set(chosen), deltas=0,
                           cmvn=model_cmvn(config, system))
@@ -157,7 +158,7 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
         dcfg = replace(dcfg, device=device)
     tuned = tuned_settings(paths.tune)
     texts = read_table(Path(paths.data) / test / "text")
-    utts, feats = _sample(config, system, paths, test, every)
+    utts, feats = _sample(config, system, paths, test, every, texts)
     final = Path(paths.model) / "final.pt"
     scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames, dcfg.device)
     network, header = scoring.load()
