@@ -45,6 +45,12 @@ def test_settings_are_built_from_the_resolved_config(tmp_path) -> None:
     tuned = s.decoding(own, "c")  # a network's own scale and lists, the rest from nnet.decode.tune key by key
     assert tuned.acoustic_scale == 1.0 and tuned.tune.acoustic_scale == [0.8, 1.2]
     assert tuned.tune.insertion_penalty == [0.0, 2.0] and s.decoding(own).tune.acoustic_scale[0] == 0.03
+    bpe = make_config(tmp_path, nnet={"models": {"b": {"type": "cnn", "objective": "ctc", "units": "bpe", "decode": {
+        "word_bonus": 2.0, "tune": {"word_bonus": [1.0, 4.0, 6.0], "tlg_acoustic_scale": [1.0]}}}}})
+    tuned = s.decoding(bpe, "b")  # a CTC network's own word bonus and lists
+    assert tuned.word_bonus == 2.0 and tuned.tune.word_bonus == [1.0, 4.0, 6.0]
+    assert tuned.tune.tlg_acoustic_scale == [1.0]
+    assert tuned.tune.lm_weight == s.decoding(bpe).tune.lm_weight and s.decoding(bpe).tune.word_bonus[-1] == 3.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         net.training.lr = 1.0  # type: ignore[misc]
     with pytest.raises(ConfigError, match="'nope' is not a network"):
