@@ -583,11 +583,31 @@ def _absent_override(key: str, config: dict[str, Any]) -> bool:
     return key.startswith("nnet.models.") and key.endswith(".decode") and _lookup(config, key) is None
 
 
+def _for_decoder(config: dict[str, Any], system: str, key: str, value: Any) -> Any:
+    """``value`` of ``nnet.decode`` or of network ``system``'s own ``decode`` overrides, less the settings and
+    tuning lists that only other decoder kinds read (a CTC network's lists do not rerun the hybrids' decodes)."""
+    if key not in ("nnet.decode", f"nnet.models.{system}.decode") or not isinstance(value, dict):
+        return value
+    from asrflow.config.settings import decoder_kind, other_kinds_settings
+
+    others = other_kinds_settings(decoder_kind(config["nnet"]["models"][system]))
+    out = {k: v for k, v in value.items() if k not in others}
+    if isinstance(out.get("tune"), dict):
+        tune = {k: v for k, v in out.pop("tune").items() if k not in others}
+        out.update({"tune": tune} if tune else {})
+    return out
+
+
 def stage_fingerprint(config: dict[str, Any], stage: str, kind: str = "", system: str = "") -> str:
-    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), runtime settings aside."""
+    """Hash of the config values ``stage`` reads (see :data:`STAGE_SECTIONS`), runtime settings aside; a network's
+    decode and tune stages see only its decoder kind's settings (:func:`_for_decoder`)."""
     keys = [k.format(kind=kind, system=system) for k in STAGE_SECTIONS[stage]]
     keys = [k for k in keys if not _neutral("", k, _lookup(config, k)) and not _absent_override(k, config)]
-    return section_fingerprint({k: _without_runtime(k, _lookup(config, k)) for k in keys}, *keys)
+    values = {k: _without_runtime(k, _lookup(config, k)) for k in keys}
+    if stage in ("decode_nnet", "tune"):  # own overrides only other kinds read count as none
+        values = {k: _for_decoder(config, system, k, v) for k, v in values.items()}
+        keys = [k for k in keys if values[k] != {} or k == "nnet.decode"]
+    return section_fingerprint(values, *keys)
 
 
 #: the relay of this Snakemake process's stage journals (:mod:`asrflow.tracking.journal`), while it runs

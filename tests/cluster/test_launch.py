@@ -488,3 +488,31 @@ def test_a_networks_own_decode_settings_rerun_its_decodes_not_its_training(tmp_p
         monkeypatch.setitem(workflow.STAGE_SECTIONS, stage,
                             tuple(k for k in workflow.STAGE_SECTIONS[stage] if k != "nnet.models.{system}.decode"))
         assert stage_fingerprint(base, stage, system="dnn") == before
+
+
+def test_a_decoder_kinds_settings_rerun_only_the_networks_decoded_that_way(tmp_path) -> None:
+    """A setting or tuning list of ``nnet.decode`` that only one decoder kind reads (HCLG, TLG, prefix search)
+    reruns the decode and tune stages of the networks decoded that way, not the others'; shared ones rerun all."""
+    models = {"dnn": {"type": "dnn"}, "phones": {"type": "cnn", "objective": "ctc", "units": "phone"},
+              "bpe": {"type": "cnn", "objective": "ctc", "units": "bpe"}}
+
+    def fingerprints(decode: dict) -> dict[tuple[str, str], str]:
+        config = make_config(tmp_path, nnet={"models": models, "decode": decode})
+        return {(stage, system): stage_fingerprint(config, stage, system=system)
+                for stage in ("decode_nnet", "tune") for system in models}
+
+    base = fingerprints({})
+    for decode, changed in (({"tune": {"acoustic_scale": [0.05, 0.1]}}, {"dnn"}),
+                            ({"insertion_penalty": 1.0}, {"dnn"}),
+                            ({"tune": {"tlg_acoustic_scale": [0.7, 1.0]}}, {"phones"}),
+                            ({"tlg_insertion_penalty": -1.0}, {"phones"}),
+                            ({"max_active": 900}, {"dnn", "phones"}),
+                            ({"tune": {"word_bonus": [0.0, 6.0]}}, {"bpe"}),
+                            ({"vocabulary": "closed"}, {"bpe"}),
+                            ({"batch_frames": 5000}, {"dnn", "phones", "bpe"}),
+                            ({"tune": {"max_utterances": 100}}, {"dnn", "phones", "bpe"})):
+        after = fingerprints(decode)
+        assert {system for (_, system), value in after.items() if value != base[_, system]} == changed, decode
+    own = make_config(tmp_path, nnet={"models": {**models, "bpe": {**models["bpe"], "decode": {
+        "acoustic_scale": 0.3, "tune": {"acoustic_scale": [0.3]}}}}})
+    assert stage_fingerprint(own, "tune", system="bpe") == base["tune", "bpe"]

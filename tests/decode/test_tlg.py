@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asrflow.config.settings import decoder_kind
 from asrflow.decode.decoder import DecodeOptions, decode_all
-from asrflow.decode.stage import decoder_kind, make_graph
+from asrflow.decode.stage import make_graph
 from asrflow.kaldi import khg
 from asrflow.lang.stage import prepare_lang
 from asrflow.nnet.units import PhoneUnits

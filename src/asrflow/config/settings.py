@@ -334,6 +334,28 @@ def parallel(config: dict[str, Any], system: str) -> Parallel:
     return Parallel.from_dict({**config["nnet"]["parallel"], **config["nnet"]["models"][system].get("parallel", {})})
 
 
+#: Per decoder kind (:func:`decoder_kind`), the settings of ``nnet.decode`` that only that kind reads, which are
+#: also the names of its ``tune`` lists; every kind reads the others (shard_utts, frame_skip, batch_frames, device
+#: and the tuning's enabled, search and max_utterances).
+KIND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "hclg": ("acoustic_scale", "insertion_penalty", "graph_beam", "max_active"),
+    "tlg": ("tlg_acoustic_scale", "tlg_insertion_penalty", "graph_beam", "max_active"),
+    "prefix": ("beam", "lm_weight", "word_bonus", "prune", "vocabulary"),
+}
+
+
+def decoder_kind(model: dict[str, Any]) -> str:
+    """How a network of ``nnet.models`` is decoded: ``hclg`` (hybrid), ``tlg`` (CTC over phones) or ``prefix``."""
+    if model["objective"] == "hybrid":
+        return "hclg"
+    return "tlg" if model.get("units") == "phone" else "prefix"
+
+
+def other_kinds_settings(kind: str) -> frozenset[str]:
+    """The settings of ``nnet.decode`` (and lists of its ``tune``) that decoder ``kind`` never reads."""
+    return frozenset(k for other in KIND_SETTINGS.values() for k in other) - frozenset(KIND_SETTINGS[kind])
+
+
 def decoding(config: dict[str, Any], system: str | None = None) -> Decoding:
     """The networks' decoding settings (``nnet.decode``), with network ``system``'s own ``decode`` overrides
     (its ``tune`` lists over ``nnet.decode.tune``'s, key by key)."""

@@ -21,10 +21,9 @@ import numpy as np
 
 from asrflow.config import model_cmvn
 from asrflow.config.paths import Paths
-from asrflow.config.settings import decoding
+from asrflow.config.settings import decoder_kind, decoding
 from asrflow.data.datadir import read_table
 from asrflow.decode.decoder import DecodeOptions, decode_all, decode_settings, lattice_comparison, vector_comparison
-from asrflow.decode.stage import decoder_kind
 from asrflow.decode.tune import tuned_settings
 from asrflow.gmm.estep import features
 from asrflow.gmm.model import GmmModel

@@ -12,7 +12,7 @@ import numpy as np
 from asrflow.cluster import broadcast, run_sharded
 from asrflow.config import model_cmvn
 from asrflow.config.paths import Paths
-from asrflow.config.settings import decoding
+from asrflow.config.settings import decoder_kind, decoding
 from asrflow.decode.decoder import DecodeOptions, DecodeResult, decode_shard_settings, gmm_decode_options, rtf
 from asrflow.gmm.model import GmmModel
 from asrflow.gmm.shards import split_shards
@@ -113,13 +113,6 @@ def write_decode(out: Path, test: str, results: list[DecodeResult], wall: float,
     log(f"decoded {info['utterances']} utterances of {test}: RTF {info['rtf']:.4f} (one core per task); "
         f"{len(info['failed'])} failed, {len(info['partial'])} reached no final state (best partial path kept)")
     return info
-
-
-def decoder_kind(model: dict[str, Any]) -> str:
-    """How a network of ``nnet.models`` is decoded: ``hclg`` (hybrid), ``tlg`` (CTC over phones) or ``prefix``."""
-    if model["objective"] == "hybrid":
-        return "hclg"
-    return "tlg" if model.get("units") == "phone" else "prefix"
 
 
 def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lang_dir: str | Path,

@@ -52,7 +52,7 @@ from asrflow.score.wer import score_corpus
 #: The file of a held-out lang that lists its LM's words (the tuning OOV rate is over them).
 VOCABULARY = "lm_words.txt"
 
-#: Per decoder kind (:func:`asrflow.decode.stage.decoder_kind`): each tuned setting and the
+#: Per decoder kind (:func:`asrflow.config.settings.decoder_kind`): each tuned setting and the
 #: ``nnet.decode.tune`` list of values it takes.
 AXES = {"hclg": {"acoustic_scale": "acoustic_scale", "insertion_penalty": "insertion_penalty"},
         "tlg": {"acoustic_scale": "tlg_acoustic_scale", "insertion_penalty": "tlg_insertion_penalty"},
@@ -181,12 +181,12 @@ def tune_network(config: dict[str, Any], system: str, train_split: str, paths: P
     without their transcripts (:func:`held_out_lang`; its HCLG or TLG built here, in ``graph/``).
     """
     from asrflow.config import model_cmvn, settings
-    from asrflow.decode.stage import decode_network, decoder_kind, make_graph
+    from asrflow.decode.stage import decode_network, make_graph
     from asrflow.nnet import NnetError
 
     out, net_dir, gmm_dir = paths.out, paths.model, paths.gmm
     tune = settings.decoding(config, system).tune.as_dict()  # with the network's own lists
-    kind = decoder_kind(config["nnet"]["models"][system])
+    kind = settings.decoder_kind(config["nnet"]["models"][system])
     if kind == "hclg" and gmm_dir is None:
         raise NnetError(f"hybrid network {system!r} needs --gmm to tune (its HCLG is built from that GMM)")
 

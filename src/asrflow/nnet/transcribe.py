@@ -50,7 +50,7 @@ def bundle_files(config: dict[str, Any], system: str, train: str, paths: Paths,
     model decodes as the test sets were decoded.
     """
     from asrflow.config import model_cmvn, model_features
-    from asrflow.decode.stage import decoder_kind
+    from asrflow.config.settings import decoder_kind
     from asrflow.decode.tune import AXES
 
     if model_features(config, system) == "fmllr":
