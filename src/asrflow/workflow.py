@@ -528,6 +528,7 @@ NEUTRAL_VALUES: dict[str, dict[str, Any]] = {"train": {"seed": None, "speed_pert
                                              "decode": {"insertion_penalty": 0.0},
                                              "gmm.mono": {"subset": None, "subset_by": "shortest"},
                                              "decode.tune": {"search": "grid", "max_utterances": 2000},
+                                             "nnet.decode": {"precision": "float32"},
                                              "corpus": {"extra_training": []},
                                              "lang": {"lexicon_file": None, "stress": "strip", "lm_text": [],
                                                       "lm_arpa": None, "lm_max_ngrams": None, "lm_combine": "pool",

@@ -79,8 +79,8 @@ def cmd_bench_networks(args: argparse.Namespace) -> int:
                                              log=_log)
                            for system in args.systems], args.out)
     rows = [network_benchmark(config, system, nnet_decode_inputs(config, args.test, system), args.test, args.every,
-                              counted=args.count, batches=batches, device=args.device, lattice=args.lattice,
-                              vector=args.vector, log=_log)
+                              counted=args.count, batches=batches, device=args.device, precision=args.precision,
+                              lattice=args.lattice, vector=args.vector, log=_log)
             for system in args.systems]
     json_lines(rows, args.out)
     if args.plot:
@@ -256,6 +256,8 @@ def register(sub: Any) -> Any:
                    "decoder too (one-unit lattice): its time and the words that differ")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], help="run the forward pass here (the search stays on "
                    "the CPU); default: each network's nnet.decode.device")
+    p.add_argument("--precision", choices=["float32", "bfloat16", "int8"], help="the forward pass's arithmetic; "
+                   "default: each network's nnet.decode.precision")
     p.add_argument("--vector", action="store_true", help="search the same scores through the graph held as a "
                    "VectorFst too (as read from disk; decoding holds it as a ConstFst): its time, the words that "
                    "differ")

@@ -276,6 +276,7 @@ class Decoding(Settings):
     frame_skip: int
     batch_frames: int
     device: str
+    precision: str
     tune: Tuning
 
     @classmethod
@@ -335,8 +336,8 @@ def parallel(config: dict[str, Any], system: str) -> Parallel:
 
 
 #: Per decoder kind (:func:`decoder_kind`), the settings of ``nnet.decode`` that only that kind reads, which are
-#: also the names of its ``tune`` lists; every kind reads the others (shard_utts, frame_skip, batch_frames, device
-#: and the tuning's enabled, search and max_utterances).
+#: also the names of its ``tune`` lists; every kind reads the others (shard_utts, frame_skip, batch_frames, device,
+#: precision and the tuning's enabled, search and max_utterances).
 KIND_SETTINGS: dict[str, tuple[str, ...]] = {
     "hclg": ("acoustic_scale", "insertion_penalty", "graph_beam", "max_active"),
     "tlg": ("tlg_acoustic_scale", "tlg_insertion_penalty", "graph_beam", "max_active"),

@@ -127,13 +127,15 @@ def forward_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
 
 def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str], test: str, every: int,
                       counted: int = 0, batches: list[int] | None = None, device: str | None = None,
-                      lattice: bool = False, vector: bool = False, log=print) -> dict[str, Any]:
+                      precision: str | None = None, lattice: bool = False, vector: bool = False,
+                      log=print) -> dict[str, Any]:
     """Decode every ``every``-th utterance of ``test`` (sorted ids) with network ``system`` (its decode-stage
     ``inputs``) on one core; the row of timings, sizes and WER (see the module's docstring). ``counted``
     utterances are decoded again with a counting decodable for the share of classes read per frame; the
     forward pass is timed again with each of ``batches`` padded frames per batch (``rtf_forward_by_batch``).
     ``device`` (cpu, cuda, auto) replaces the network's ``nnet.decode.device`` for the forward pass; on a GPU
-    one utterance is run first, so that the timing leaves out the GPU's start-up. With ``lattice`` a hybrid's
+    one utterance is run first, so that the timing leaves out the GPU's start-up; ``precision`` likewise replaces
+    ``nnet.decode.precision``. With ``lattice`` a hybrid's
     scores are searched again by Kaldi's lattice-faster decoder (:func:`lattice_search`): its search time, the
     speed-up and the utterances whose words differ join the row; with ``vector`` likewise through the graph held
     as a VectorFst (:func:`vector_search`)."""
@@ -141,7 +143,7 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
 
     from asrflow.decode import ctc
     from asrflow.nnet import hybrid
-    from asrflow.nnet.inference import Scoring
+    from asrflow.nnet.inference import Scoring, load_network
     from asrflow.nnet.models import parameter_count
     from asrflow.score.wer import score_corpus
 
@@ -155,13 +157,16 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
     dcfg = decoding(config, system)
     if device is not None:
         dcfg = replace(dcfg, device=device)
+    if precision is not None:
+        dcfg = replace(dcfg, precision=precision)
     tuned = tuned_settings(paths.tune)
     texts = read_table(Path(paths.data) / test / "text")
     utts, feats = _sample(config, system, paths, test, every, texts)
     final = Path(paths.model) / "final.pt"
-    scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames, dcfg.device)
+    scoring = Scoring(str(final.resolve()), dcfg.frame_skip, dcfg.batch_frames, dcfg.device,
+                      precision=dcfg.precision)
     network, header = scoring.load()
-    on = next(network.parameters()).device
+    on = next(network.parameters(), torch.empty(0)).device
     if on.type == "cuda":
         scoring.log_posteriors(feats[:1])
     start = time.perf_counter()
@@ -181,9 +186,11 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
     (result,) = decode_settings(utts, [len(x) for x in feats], posteriors, 0.0, graph, [opts], loglikes)
     summary, _ = score_corpus({u: texts[u] for u in utts}, {u: " ".join(w) for u, w in result.hyps.items()})
     audio = result.frames * opts.frame_shift
-    out = network.output if hasattr(network, "output") else None
+    counted_net = network if dcfg.precision != "int8" else load_network(final)[0]  # int8 layers hold no parameters
+    out = counted_net.output if hasattr(counted_net, "output") else None
     row = {"system": system, "test": test, "every": every, "utterances": len(utts), "audio_seconds": round(audio, 1),
-           "parameters": parameter_count(network), "model_bytes": final.stat().st_size,
+           "parameters": parameter_count(counted_net), "model_bytes": final.stat().st_size,
+           "precision": dcfg.precision,
            "frame_skip": dcfg.frame_skip, "multi_frame": int(header["config"].get("multi_frame", 1)),
            "batch_frames": dcfg.batch_frames, "beam": opts.beam, "max_active": opts.max_active,
            "acoustic_scale": opts.acoustic_scale, "insertion_penalty": opts.insertion_penalty,
@@ -203,7 +210,7 @@ def network_benchmark(config: dict[str, Any], system: str, inputs: dict[str, str
         row["rtf_forward_by_batch"] = {}
         for size in batches:
             start = time.perf_counter()
-            Scoring(scoring.network, scoring.frame_skip, size, scoring.device).log_posteriors(feats)
+            replace(scoring, batch_frames=size).log_posteriors(feats)
             row["rtf_forward_by_batch"][str(size)] = round((time.perf_counter() - start) / audio, 4)
     if counted:
         matrices = [loglikes(p, opts) for p in posteriors[:counted]]

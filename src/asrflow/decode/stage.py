@@ -135,7 +135,7 @@ def decode_network(config: dict[str, Any], system: str, net_dir: str | Path, lan
 
     dcfg = decoding(config, system)
     network = Scoring(str(Path(net_dir).resolve() / "final.pt"), dcfg.frame_skip, dcfg.batch_frames, dcfg.device,
-                      keep)
+                      keep, dcfg.precision)
     units = [len(s.utts) for s in shards]
     if config["nnet"]["models"][system]["objective"] == "hybrid":
         if gmm_dir is None or graph_dir is None:

@@ -12,6 +12,7 @@ import torch
 
 from asrflow.nnet.frames import frame_skipping
 from asrflow.nnet.models import build_model
+from asrflow.nnet.precision import autocast, with_precision
 from asrflow.nnet.prune import unpacked
 
 if TYPE_CHECKING:
@@ -42,48 +43,52 @@ def scoring_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def network_key(path: str | Path, frame_skip: int = 1, device: str = "cpu") -> tuple:
-    """What identifies a network loaded for scoring: its file (path and modification time), frame skipping and
-    device (``auto`` resolved)."""
-    return str(path), os.stat(path).st_mtime_ns, frame_skip, str(scoring_device(device))
+def network_key(path: str | Path, frame_skip: int = 1, device: str = "cpu", precision: str = "float32") -> tuple:
+    """What identifies a network loaded for scoring: its file (path and modification time), frame skipping,
+    device (``auto`` resolved) and precision."""
+    return str(path), os.stat(path).st_mtime_ns, frame_skip, str(scoring_device(device)), precision
 
 
-def cached_network(path: str | Path, frame_skip: int = 1, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
-    """:func:`load_network`, cached by path, modification time, frame skipping and device (Dask workers reuse
-    it); with ``frame_skip`` k > 1 set to compute every k-th frame (:func:`~asrflow.nnet.frames.frame_skipping`),
-    on ``device`` (:func:`scoring_device`).
+def cached_network(path: str | Path, frame_skip: int = 1, device: str = "cpu",
+                   precision: str = "float32") -> tuple[torch.nn.Module, dict]:
+    """:func:`load_network`, cached by path, modification time, frame skipping, device and precision (Dask workers
+    reuse it); with ``frame_skip`` k > 1 set to compute every k-th frame
+    (:func:`~asrflow.nnet.frames.frame_skipping`), on ``device`` (:func:`scoring_device`), made ready for
+    ``precision`` (:mod:`asrflow.nnet.precision`).
 
     Decoding tasks run one per core, so torch gets one thread here: letting every worker
     start as many threads as there are cores made LSTM decoding 25× slower on 2 cores.
     """
     torch.set_num_threads(1)
     target = scoring_device(device)
-    key = network_key(path, frame_skip, device)
+    key = network_key(path, frame_skip, device, precision)
     if key not in _NETS:
         model, saved = load_network(path)
         model = frame_skipping(model, frame_skip) if frame_skip > 1 else model
-        _NETS[key] = model.to(target), saved
+        _NETS[key] = with_precision(model.to(target), precision, target), saved
     return _NETS[key]
 
 
 @dataclass(frozen=True)
 class Scoring:
     """How a decoding worker runs a trained network: its ``final.pt``, frame skipping (``nnet.decode.frame_skip``),
-    padded frames per forward pass (``nnet.decode.batch_frames``) and device (``nnet.decode.device``)."""
+    padded frames per forward pass (``nnet.decode.batch_frames``), device (``nnet.decode.device``) and precision
+    (``nnet.decode.precision``)."""
 
     network: str
     frame_skip: int = 1
     batch_frames: int = 2000
     device: str = "cpu"
     keep: bool = False  # keep each shard's log posteriors in the worker: a tuning search decodes them again
+    precision: str = "float32"
 
     def load(self) -> tuple[torch.nn.Module, dict]:
-        """The network (cached per worker, on its device) and its ``final.pt`` header."""
-        return cached_network(self.network, self.frame_skip, self.device)
+        """The network (cached per worker, on its device, in its precision) and its ``final.pt`` header."""
+        return cached_network(self.network, self.frame_skip, self.device, self.precision)
 
     def log_posteriors(self, feats: list[np.ndarray]) -> list[np.ndarray]:
         """Per-frame log posteriors of each utterance (:func:`batch_log_posteriors`)."""
-        return batch_log_posteriors(self.load()[0], feats, self.batch_frames)
+        return batch_log_posteriors(self.load()[0], feats, self.batch_frames, self.precision)
 
     def shard_log_posteriors(self, shard: Shard) -> tuple[list[int], list[np.ndarray]]:
         """Each utterance's input frames and log posteriors of a shard (its features as
@@ -96,7 +101,7 @@ class Scoring:
             feats = features(shard)
             return [x.shape[0] for x in feats], self.log_posteriors(feats)
 
-        model = network_key(self.network, self.frame_skip, self.device) if self.keep else None
+        model = network_key(self.network, self.frame_skip, self.device, self.precision) if self.keep else None
         return kept_scores(model, shard, score)
 
 
@@ -108,17 +113,18 @@ def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:
         return torch.log_softmax(logits[0, : int(lengths[0])].float(), dim=-1).numpy()
 
 
-def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray],
-                         max_frames: int = 20000) -> list[np.ndarray]:
+def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray], max_frames: int = 20000,
+                         precision: str = "float32") -> list[np.ndarray]:
     """:func:`log_posteriors` of many utterances, run in length-sorted padded batches.
 
     Batches hold at most ``max_frames`` padded frames; padding repeats each utterance's last
     frame, and every model gives the same output for an utterance alone or in a batch. Each batch
-    runs on the network's device and its log posteriors come back to the CPU.
+    runs on the network's device (bfloat16 autocast there with ``precision`` bfloat16) and its log
+    posteriors come back to the CPU.
     """
     from asrflow.nnet.data import collate
 
-    device = next(network.parameters()).device
+    device = next(network.parameters(), torch.empty(0)).device
     order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
     out: list[np.ndarray | None] = [None] * len(feats)
     start = 0
@@ -128,7 +134,7 @@ def batch_log_posteriors(network: torch.nn.Module, feats: list[np.ndarray],
             end += 1
         group = order[start:end]
         batch = collate([("", torch.from_numpy(np.ascontiguousarray(feats[i])), None) for i in group])
-        with torch.no_grad():
+        with torch.no_grad(), autocast(precision, device):
             logits, lengths = network(batch["feats"].to(device), batch["lengths"].to(device))
             log_post = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
         for row, i in enumerate(group):
