@@ -60,3 +60,34 @@ def test_one_speakers_files_are_normalised_with_their_joint_statistics() -> None
     for one_speaker in (False, True):
         own = transcriber.featurise(list(raw), one_speaker=one_speaker)
         np.testing.assert_allclose(own[1], raw["b.wav"] - [7.0, 8.0])
+
+
+def test_the_bundle_scores_with_the_networks_own_decode_settings(tmp_path) -> None:
+    """A network's own ``decode`` overrides (frame skipping, int8) are saved and the transcriber scores with them."""
+    import torch
+
+    from asrflow.config.paths import Paths
+    from asrflow.nnet.models import build_model
+    from asrflow.nnet.transcribe import Transcriber, bundle_files
+
+    _cmvn_scp(tmp_path / "fbank")
+    tdnn = {"type": "cnn", "channels": [], "tdnn_dim": 16, "tdnn_dilations": [1, 3]}
+    config = make_config(tmp_path, features={"kinds": ["fbank"]},
+                         nnet={"models": {"tdnn": {**tdnn, "decode": {"precision": "int8", "frame_skip": 3}}}},
+                         evaluation={"systems": ["tdnn"]})
+    (tmp_path / "tdnn").mkdir()
+    torch.save({"model": build_model(tdnn, 3, 4).state_dict(), "config": tdnn, "input_dim": 3, "num_classes": 4},
+               tmp_path / "tdnn" / "final.pt")
+    files = bundle_files(config, "tdnn", "train", Paths(data=tmp_path, features=tmp_path / "fbank",
+                                                        out=tmp_path / "tdnn", model=tmp_path / "tdnn",
+                                                        gmm=tmp_path, graph=tmp_path))
+    settings = json.loads(Path(files["settings"]).read_text())
+    assert settings["decode"]["precision"] == "int8" and settings["decode"]["frame_skip"] == 3
+    settings["decoder"] = "tlg"  # a graph search that needs no GMM here; the scoring is what is checked
+    Path(files["settings"]).write_text(json.dumps(settings))
+    for name in ("TLG.fst", "words.txt"):
+        (tmp_path / name).write_text("")
+    transcriber = Transcriber({**files, "graph": str(tmp_path / "TLG.fst"), "words": str(tmp_path / "words.txt")})
+    assert transcriber.network.every == 3
+    assert any("quantized" in type(m).__module__ for m in transcriber.network.modules())
+    transcriber.close()

@@ -105,9 +105,10 @@ class Scoring:
         return kept_scores(model, shard, score)
 
 
-def log_posteriors(network: torch.nn.Module, feats: np.ndarray) -> np.ndarray:
-    """Per-output-frame log posteriors ``(frames', classes)`` of one utterance."""
-    with torch.no_grad():
+def log_posteriors(network: torch.nn.Module, feats: np.ndarray, precision: str = "float32") -> np.ndarray:
+    """Per-output-frame log posteriors ``(frames', classes)`` of one utterance (on the CPU; bfloat16 autocast
+    with ``precision`` bfloat16)."""
+    with torch.no_grad(), autocast(precision, torch.device("cpu")):
         logits, lengths = network(torch.from_numpy(np.ascontiguousarray(feats)).unsqueeze(0),
                                   torch.tensor([feats.shape[0]]))
         return torch.log_softmax(logits[0, : int(lengths[0])].float(), dim=-1).numpy()

@@ -50,7 +50,7 @@ def bundle_files(config: dict[str, Any], system: str, train: str, paths: Paths,
     model decodes as the test sets were decoded.
     """
     from asrflow.config import model_cmvn, model_features
-    from asrflow.config.settings import decoder_kind
+    from asrflow.config.settings import decoder_kind, decoding
     from asrflow.decode.tune import AXES
 
     if model_features(config, system) == "fmllr":
@@ -59,7 +59,7 @@ def bundle_files(config: dict[str, Any], system: str, train: str, paths: Paths,
     gmm_dir, graph_dir, lang_dir = paths.gmm, paths.graph, paths.lang
     model = config["nnet"]["models"][system]
     kind = decoder_kind(model)
-    decode = {**config["nnet"]["decode"], **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}
+    decode = {**decoding(config, system).as_dict(), **{AXES[kind][k]: v for k, v in (tuned or {}).items()}}
     opts = FeatureOptions.from_config(config["features"], model_features(config, system),
                                       config["audio"]["sample_rate"])
     cmvn = model_cmvn(config, system)
@@ -84,10 +84,19 @@ class Transcriber:
     """Wav files in, transcripts out, for one trained network."""
 
     def __init__(self, files: dict[str, str]) -> None:
+        import torch
+
+        from asrflow.nnet.frames import frame_skipping
         from asrflow.nnet.inference import load_network
+        from asrflow.nnet.precision import with_precision
 
         self.settings = json.loads(Path(files["settings"]).read_text())
         self.network, self.header = load_network(files["network"])
+        decode = Decoding.from_saved(self.settings["decode"])  # scored as the decode stage scores it, on the CPU
+        if decode.frame_skip > 1:
+            self.network = frame_skipping(self.network, decode.frame_skip)
+        self.network = with_precision(self.network, decode.precision, torch.device("cpu"))
+        self.precision = decode.precision
         self.features = FeatureOptions(**self.settings["features"])
         self.cmvn = np.load(files["cmvn"]) if files.get("cmvn") else None
         self.files = files
@@ -151,7 +160,7 @@ class Transcriber:
             from asrflow.nnet.hybrid import decode_options, transition_loglikes
 
             utts = [str(i) for i in range(len(feats))]
-            posteriors = [log_posteriors(self.network, x) for x in feats]
+            posteriors = [log_posteriors(self.network, x, self.precision) for x in feats]
             if self.kind == "hclg":
                 priors = self.header["priors"].numpy()
                 opts = decode_options(decode, self.settings["graph_decode"])
@@ -165,6 +174,6 @@ class Transcriber:
 
         opts = search_options(decode)
         vocabulary = vocabulary_for(opts, self.lm)
-        return [" ".join(prefix_beam_search(log_posteriors(self.network, x), self.units.pieces,
+        return [" ".join(prefix_beam_search(log_posteriors(self.network, x, self.precision), self.units.pieces,
                                             self.units.word_start, self.lm if opts.lm_weight > 0 else None, opts,
                                             vocabulary)) for x in feats]
